@@ -1,0 +1,46 @@
+# Two commands from a fresh clone: `make run` serves the default model, `make test` runs every test.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+STAMP := $(VENV)/.installed
+
+.PHONY: run test setup model configs lint format clean
+
+run: setup
+	$(PY) -m tritonlm.launcher
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m tritonlm.pbtxt --check
+	$(PY) -m pytest -q
+
+# The venv, with nvidia-pytriton only when no tritonserver is on PATH (it bundles the server binary
+# and the Python-backend stub; the official container has its own).
+setup: $(STAMP)
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	command -v tritonserver >/dev/null || $(PY) -m pip install -q -e ".[server]"
+	@$(PY) -c 'import ctypes.util, sys; v = "%d.%d" % sys.version_info[:2]; ctypes.util.find_library("python" + v) or sys.exit("missing libpython" + v + ".so.1.0, which the Triton Python-backend stub loads: apt-get install libpython" + v)'
+	touch $@
+
+# The default model (random weights, trained tokenizer), generated deterministically.
+model: setup
+	$(PY) -m tritonlm.default_model models/default
+
+# Regenerate model_repository/*/config.pbtxt from tritonlm/contract.py.
+configs: setup
+	$(PY) -m tritonlm.pbtxt
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: setup
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+clean:
+	rm -rf $(VENV) models .triton

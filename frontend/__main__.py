@@ -1,0 +1,25 @@
+"""python -m frontend --host 0.0.0.0 --port 9000 --triton-url localhost:8001 --model-name NAME"""
+
+from __future__ import annotations
+
+import argparse
+
+import uvicorn
+
+from frontend.app import create_app
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m frontend", description=__doc__)
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--triton-url", default="localhost:8001", help="Triton's gRPC address")
+    parser.add_argument("--model-name", default="tritonlm", help="the model name the APIs report")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    app = create_app(args.triton_url, args.model_name)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""The body of the TGI-compatible `POST /` (seed 000): every documented field with its type, range
+and default. Types are strict JSON types (no "true" strings, no 1.5 for an integer, no true for a
+number), unknown fields are rejected, and each error names the field and what it allows.
+
+`None` means "not given" for every optional number, so the route can tell a default from a choice
+(TGI's sampling decision depends on which parameters were given).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+MAX_INT32 = 2_147_483_647
+MAX_UINT64 = 18_446_744_073_709_551_615
+MAX_INPUT_CHARS = 4 * 1024 * 1024
+MAX_STOP_ITEMS = 1024
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOTAL = 32_768
+MAX_ADAPTER_CHARS = 256
+DEFAULT_MAX_NEW_TOKENS = 20
+ADAPTER_NONE = "None"  # TGI's spelling of "the base model, no adapter"
+_ADAPTER_CHARS = re.compile(r"[A-Za-z0-9./_-]*")
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("must be a JSON boolean (true or false)")
+    return value
+
+
+Flag = Annotated[bool, BeforeValidator(_bool)]
+
+
+def _number(low: float, high: float | None = None, *, integer: bool = False, high_open: bool = False) -> Any:
+    """A validator for a JSON number in (low, high] — or (low, high) with high_open, or > low."""
+    kind = "an integer" if integer else "a number"
+    if high is None:
+        allowed = f"{kind} greater than {low}"
+    else:
+        allowed = f"{kind} in ({low}, {high}{')' if high_open else ']'}"
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        is_int = isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
+        if not (is_int if integer else is_int or isinstance(value, float)):
+            raise ValueError(f"must be {allowed}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"must be {allowed}")
+        if not (value > low and (high is None or (value < high if high_open else value <= high))):
+            raise ValueError(f"must be {allowed}")
+        return value
+
+    return BeforeValidator(check)
+
+
+def _inputs(value: Any) -> str:
+    if isinstance(value, list):
+        raise ValueError("this model is text-only: inputs must be a string, not a multimodal list")
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_INPUT_CHARS:
+        raise ValueError(f"must be a non-empty string of at most {MAX_INPUT_CHARS} characters")
+    return value
+
+
+def _stop(value: Any) -> list[str] | None:
+    """A string or a list of strings; returned as a list, or None when empty."""
+    item = f"a string of 1 to {MAX_STOP_CHARS} characters"
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    elif not isinstance(value, list):
+        raise ValueError(f"must be {item} or a list of such strings")
+    if len(value) > MAX_STOP_ITEMS:
+        raise ValueError(f"must have at most {MAX_STOP_ITEMS} entries")
+    for i, entry in enumerate(value):
+        if not isinstance(entry, str) or not 0 < len(entry) <= MAX_STOP_CHARS:
+            raise ValueError(f"entry {i} must be {item}")
+    if sum(len(s) for s in value) > MAX_STOP_TOTAL:
+        raise ValueError(f"entries must total at most {MAX_STOP_TOTAL} characters")
+    return value or None
+
+
+def _adapter(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > MAX_ADAPTER_CHARS or not _ADAPTER_CHARS.fullmatch(value):
+        raise ValueError(
+            f"must be a string of at most {MAX_ADAPTER_CHARS} characters from A-Z a-z 0-9 . / _ -"
+        )
+    if value != ADAPTER_NONE:
+        raise ValueError(f'adapter {value!r} not found; this server has no LoRA adapters (use "None")')
+    return value
+
+
+_Int32 = _number(0, MAX_INT32, integer=True)
+
+
+class GenerateParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    decoder_input_details: Flag = False
+    details: Flag = False
+    do_sample: Flag = False  # false or absent: the other sampling parameters decide
+    max_new_tokens: Annotated[int | None, _Int32] = DEFAULT_MAX_NEW_TOKENS
+    repetition_penalty: Annotated[float | None, _number(0.0)] = None
+    return_full_text: Flag = False
+    seed: Annotated[int | None, _number(0, MAX_UINT64, integer=True)] = None
+    temperature: Annotated[float | None, _number(1e-6)] = None
+    top_k: Annotated[int | None, _Int32] = None
+    top_p: Annotated[float | None, _number(1e-6, 1.0, high_open=True)] = None
+    truncate: Annotated[int | None, _Int32] = None
+    typical_p: Annotated[float | None, _number(0.0, 1.0)] = None
+    watermark: Flag = False
+    stop: Annotated[
+        list[str] | None, BeforeValidator(_stop, json_schema_input_type=str | list[str] | None)
+    ] = None
+    adapter_id: Annotated[str | None, BeforeValidator(_adapter)] = ADAPTER_NONE
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    inputs: Annotated[str, BeforeValidator(_inputs, json_schema_input_type=str)]
+    parameters: GenerateParameters = Field(default_factory=GenerateParameters)
+    stream: Flag = False
+
+    @model_validator(mode="after")
+    def _no_prefill_details_when_streaming(self) -> GenerateRequest:
+        if self.stream and self.parameters.decoder_input_details:
+            raise ValueError("parameters.decoder_input_details must be false when stream is true")
+        return self
+
+    def is_sampling(self) -> bool:
+        """TGI's rule: sample when asked to, or when any parameter that only matters for sampling
+        is given with a value that changes the distribution."""
+        p = self.parameters
+        return bool(
+            p.do_sample
+            or (p.temperature is not None and p.temperature != 1.0)
+            or p.top_k is not None
+            or (p.top_p is not None and p.top_p < 1.0)
+            or (p.typical_p is not None and p.typical_p < 1.0)
+        )

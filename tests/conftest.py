@@ -1,0 +1,82 @@
+"""Test session fixtures: the default model, and a real tritonserver + frontend on free ports.
+
+The servers start once per session (only when a test asks for them), on ports nobody else uses, so
+a `make run` in progress is never disturbed; they stop at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tritonlm import launcher
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The default model, generated once (deterministic, so reusing models/default is safe)."""
+    if os.environ.get("MODEL_DIR"):
+        return Path(os.environ["MODEL_DIR"])
+    if not (launcher.DEFAULT_MODEL_DIR / "config.json").exists():
+        from tritonlm.default_model import generate
+
+        generate(launcher.DEFAULT_MODEL_DIR)
+    return launcher.DEFAULT_MODEL_DIR
+
+
+@dataclass
+class Servers:
+    ports: launcher.Ports
+    model_dir: Path
+    model_name: str
+    log_dir: Path
+
+    @property
+    def frontend_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.frontend}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.metrics}/metrics"
+
+
+@pytest.fixture(scope="session")
+def servers(model_dir: Path) -> Iterator[Servers]:
+    ports = launcher.Ports(frontend=free_port(), http=free_port(), grpc=free_port(), metrics=free_port())
+    log_dir = Path(tempfile.mkdtemp(prefix="tritonlm-test-"))
+    triton = launcher.start_triton(
+        ports, model_dir, log_dir / "tritonserver.log", work_dir=launcher.ROOT / ".triton"
+    )
+    frontend = None
+    try:
+        launcher.wait_ready(f"http://127.0.0.1:{ports.http}/v2/health/ready", triton, 300, "tritonserver")
+        frontend = launcher.start_frontend(ports, "default", log_dir / "frontend.log")
+        launcher.wait_ready(f"http://127.0.0.1:{ports.frontend}/health", frontend, 60, "frontend")
+        yield Servers(ports, model_dir, "default", log_dir)
+    except Exception:
+        for log in sorted(log_dir.glob("*.log")):
+            print(
+                f"---- {log.name} (tail) ----\n"
+                + "\n".join(log.read_text(errors="replace").splitlines()[-60:])
+            )
+        raise
+    finally:
+        if frontend is not None:
+            launcher.stop(frontend)
+        launcher.stop(triton)

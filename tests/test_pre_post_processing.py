@@ -1,0 +1,308 @@
+"""Tokenization helpers and the Triton-free preprocessing/postprocessing request logic."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from test_detokenizer import TEXTS, build_byte_level, build_llama, build_metaspace
+
+from tritonlm import contract
+from tritonlm.postprocess import Postprocessor
+from tritonlm.preprocess import InvalidRequest, Preprocessor
+from tritonlm.tokenization import (
+    encode_prompt,
+    ids_to_list,
+    list_to_words,
+    load_tokenizer,
+    special_ids,
+    words_to_list,
+)
+
+
+@pytest.fixture(scope="module")
+def byte_level():
+    return build_byte_level()
+
+
+@pytest.fixture(scope="module")
+def metaspace():
+    return build_metaspace()
+
+
+class FakeTokenizer:
+    """Just enough of a tokenizer to pin the word-list format to known ids."""
+
+    VOCAB = {"a b": [1, 2], "c": [3], "nothing": []}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        assert not add_special_tokens
+        return self.VOCAB[text]
+
+
+def _check_contract(outputs: dict[str, np.ndarray], tensors: tuple[contract.Tensor, ...]) -> None:
+    """Names, dtypes and ranks as contract.py declares them (fixed dims must match exactly)."""
+    assert set(outputs) == {t.name for t in tensors}
+    for t in tensors:
+        arr = outputs[t.name]
+        assert arr.dtype == np.dtype(contract.NUMPY_DTYPES[t.dtype]), t.name
+        assert arr.ndim == len(t.dims), (t.name, arr.shape)
+        for size, dim in zip(arr.shape, t.dims, strict=True):
+            assert dim == -1 or size == dim, (t.name, arr.shape, t.dims)
+
+
+# ---------------------------------------------------------------------------------------------
+# tokenization
+
+
+def test_words_to_list_matches_tensorrt_llm_format() -> None:
+    arr = words_to_list(FakeTokenizer(), ["a b", "c"])
+    assert arr.dtype == np.int32
+    assert arr.tolist() == [[1, 2, 3], [2, 3, -1]]
+
+
+def test_words_to_list_empty_and_skipped_words() -> None:
+    assert words_to_list(FakeTokenizer(), []).shape == (2, 0)
+    assert words_to_list(FakeTokenizer(), ["nothing"]).shape == (2, 0)
+    assert words_to_list(FakeTokenizer(), ["c", "nothing", "a b"]).tolist() == [[3, 1, 2], [1, 3, -1]]
+
+
+def test_word_list_roundtrip(byte_level) -> None:
+    rng = random.Random(3)
+    for _ in range(50):
+        words = [[rng.randrange(300) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(0, 6))]
+        arr = ids_to_list(words)
+        assert arr.shape == (2, sum(map(len, words)))
+        assert list_to_words(arr) == words
+        assert list_to_words(arr[None]) == words  # with a batch dimension of 1
+    words = ["stop here", "你好", "🎉"]
+    expected = [byte_level.encode(w, add_special_tokens=False) for w in words]
+    assert list_to_words(words_to_list(byte_level, words)) == expected
+
+
+def test_list_to_words_rejects_bad_offsets() -> None:
+    with pytest.raises(ValueError, match="offsets"):
+        list_to_words(np.array([[1, 2], [2, 1]], dtype=np.int32))
+    with pytest.raises(ValueError, match="shape"):
+        list_to_words(np.zeros((3, 2), dtype=np.int32))
+
+
+def test_encode_prompt_adds_bos_and_truncates_from_the_left(byte_level) -> None:
+    ids = encode_prompt(byte_level, "Hello world, 你好")
+    assert ids[0] == byte_level.bos_token_id
+    assert ids[1:] == byte_level.encode("Hello world, 你好", add_special_tokens=False)
+    assert encode_prompt(byte_level, "Hello world, 你好", truncate=3) == ids[-3:]
+    assert encode_prompt(byte_level, "Hello world, 你好", truncate=1000) == ids
+
+
+def test_load_tokenizer_from_local_dir(tmp_path, metaspace) -> None:
+    metaspace.save_pretrained(tmp_path)
+    loaded = load_tokenizer(tmp_path)
+    text = TEXTS[2]
+    assert loaded.encode(text) == metaspace.encode(text)
+    assert loaded.decode(loaded.encode(text), skip_special_tokens=True) == text
+
+
+# ---------------------------------------------------------------------------------------------
+# preprocessing
+
+
+def _pre_inputs(text: str = "Hello 世界", max_tokens: int = 16, **extra) -> dict[str, np.ndarray]:
+    inputs = {
+        "text_input": np.array([text.encode()], dtype=object),
+        "max_tokens": np.array([max_tokens], dtype=np.int32),
+    }
+    for name, value in extra.items():
+        if name in ("bad_words", "stop_words"):
+            inputs[name] = np.array([w.encode() for w in value], dtype=object)
+        else:
+            inputs[name] = np.array([value], dtype=np.int32)
+    return inputs
+
+
+def test_preprocess_outputs_follow_the_contract(byte_level) -> None:
+    pre = Preprocessor(byte_level)
+    out = pre.process(_pre_inputs(stop_words=["世界", "\n\n"], bad_words=["Hello"]))
+    _check_contract(out, contract.PREPROCESSING_OUTPUTS)
+    ids = encode_prompt(byte_level, "Hello 世界")
+    assert out["input_ids"].tolist() == [ids]
+    assert out["input_lengths"].tolist() == [len(ids)]
+    assert out["request_output_len"].tolist() == [[16]]
+    assert out["out_end_id"].tolist() == [byte_level.eos_token_id]
+    assert out["out_pad_id"].tolist() == [byte_level.pad_token_id]
+    assert list_to_words(out["stop_words_list"]) == [
+        byte_level.encode(w, add_special_tokens=False) for w in ["世界", "\n\n"]
+    ]
+    assert list_to_words(out["bad_words_list"]) == [byte_level.encode("Hello", add_special_tokens=False)]
+    texts = [t.decode() for t in out["input_token_texts"]]
+    assert texts == [byte_level.decode([i]) for i in ids]
+    assert texts[0] == "<|bos|>"
+
+
+def test_preprocess_defaults_and_overrides(metaspace) -> None:
+    pre = Preprocessor(metaspace)  # no pad token: pad falls back to eos
+    out = pre.process(_pre_inputs())
+    assert out["out_end_id"].tolist() == out["out_pad_id"].tolist() == [metaspace.eos_token_id]
+    assert out["bad_words_list"].shape == out["stop_words_list"].shape == (2, 0)
+    out = pre.process(_pre_inputs(end_id=5, pad_id=0, truncate=2))
+    assert out["out_end_id"].tolist() == [5]
+    assert out["out_pad_id"].tolist() == [0]
+    assert out["input_ids"].shape == (1, 2)
+    assert out["input_lengths"].tolist() == [2]
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (_pre_inputs(text=""), "text_input must not be empty"),
+        (_pre_inputs(max_tokens=0), "max_tokens must be >= 1, got 0"),
+        (_pre_inputs(truncate=0), "truncate must be >= 1, got 0"),
+        (_pre_inputs(end_id=100000), "end_id must be in [-1, "),
+        (_pre_inputs(pad_id=-1), "pad_id must be in [0, "),
+        ({"max_tokens": np.array([4], dtype=np.int32)}, "text_input is required"),
+        ({"text_input": np.array([b"x"], dtype=object)}, "max_tokens is required"),
+        ({"text_input": np.array([b"\xff"], dtype=object), "max_tokens": np.array([1])}, "UTF-8"),
+    ],
+)
+def test_preprocess_rejects_bad_requests(byte_level, inputs, message) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        Preprocessor(byte_level).process(inputs)
+    assert message in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# postprocessing
+
+
+def _response(key: int, ids: list[list[int]], finish: str = "", stop_words=None, tokenizer=None) -> dict:
+    beams, n = len(ids), len(ids[0])
+    inputs = {
+        "output_ids": np.array(ids, dtype=np.int32).reshape(beams, n),
+        "sequence_length": np.full((beams,), n, dtype=np.int32),
+        "output_log_probs": np.zeros((1, beams, n), dtype=np.float32),
+        "cum_log_probs": np.zeros((1, beams), dtype=np.float32),
+        "finish_reason": np.array([finish.encode()] * beams, dtype=object),
+        "prompt_tokens": np.array([7], dtype=np.int32),
+        "batch_size": np.ones((n,), dtype=np.int32),
+        "queue_wait_us": np.arange(n, dtype=np.int64),
+        "prefill_ms": np.array([1.5], dtype=np.float32),
+        "decode_ms": np.full((n,), 0.25, dtype=np.float32),
+        "request_key": np.array([key], dtype=np.uint64),
+        # the engine echoes the request's stop words as ids
+        "stop_words_list": words_to_list(tokenizer, stop_words) if stop_words else ids_to_list([]),
+    }
+    return inputs
+
+
+def _stream(post: Postprocessor, key: int, ids: list[int], finish: str = "length", **kw) -> list[str]:
+    """One token per response, the last one carrying the finish reason."""
+    texts = []
+    for i, token in enumerate(ids):
+        last = i == len(ids) - 1
+        out = post.process(_response(key, [[token]], finish if last else "", **kw))
+        texts.append(out["text_output"][0].decode())
+    return texts
+
+
+@pytest.mark.parametrize("build", [build_byte_level, build_metaspace, build_llama])
+def test_postprocess_streams_exact_text(build) -> None:
+    tok = build()
+    post = Postprocessor(tok)
+    for text in TEXTS[:-1]:
+        ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+        assert "".join(_stream(post, 1, ids, finish="end_id")) == tok.decode(ids, skip_special_tokens=True)
+        assert len(post) == 0  # the final response dropped the state
+
+
+def test_postprocess_outputs_follow_the_contract(byte_level) -> None:
+    post = Postprocessor(byte_level)
+    ids = byte_level.encode("Hi 你好", add_special_tokens=False) + [byte_level.eos_token_id]
+    inputs = _response(9, [ids], finish="end_id")
+    out = post.process(inputs)
+    _check_contract(out, contract.POSTPROCESSING_OUTPUTS)
+    assert out["text_output"].tolist() == ["Hi 你好".encode()]
+    assert [t.decode() for t in out["token_texts"]] == [byte_level.decode([i]) for i in ids]
+    assert out["token_special"].tolist() == [False] * (len(ids) - 1) + [True]
+    for name in contract.PASSTHROUGH:
+        assert np.array_equal(out[f"out_{name}"], inputs[name]), name
+        assert out[f"out_{name}"].dtype == inputs[name].dtype
+
+
+def test_postprocess_keeps_interleaved_requests_apart(byte_level) -> None:
+    post = Postprocessor(byte_level)
+    a = byte_level.encode("你好世界", add_special_tokens=False)
+    b = byte_level.encode("🎉 party 🎉", add_special_tokens=False)
+    texts: dict[int, str] = {1: "", 2: ""}
+    for i in range(max(len(a), len(b))):
+        for key, ids in ((1, a), (2, b)):
+            if i < len(ids):
+                final = "length" if i == len(ids) - 1 else ""
+                texts[key] += post.process(_response(key, [[ids[i]]], final))["text_output"][0].decode()
+    assert texts == {1: "你好世界", 2: "🎉 party 🎉"}
+    assert len(post) == 0
+
+
+def test_postprocess_flushes_incomplete_character_on_finish(byte_level) -> None:
+    post = Postprocessor(byte_level)
+    ids = byte_level.encode("龘", add_special_tokens=False)[:-1]
+    texts = _stream(post, 3, ids, finish="length")
+    assert "".join(texts) == byte_level.decode(ids)
+    assert texts[-1].endswith("\ufffd")
+
+
+def test_postprocess_empty_final_response(byte_level) -> None:
+    post = Postprocessor(byte_level)
+    ids = byte_level.encode("龘", add_special_tokens=False)
+    assert post.process(_response(4, [ids[:-1]]))["text_output"].tolist() == [b""]
+    out = post.process(_response(4, [[]], finish="cancelled"))
+    assert out["text_output"][0].decode() == byte_level.decode(ids[:-1])
+    assert out["token_texts"].shape == out["token_special"].shape == (0,)
+    assert len(post) == 0
+
+
+def test_postprocess_stop_words(byte_level) -> None:
+    text = "one two STOP three"
+    ids = byte_level.encode(text, add_special_tokens=False)
+    post = Postprocessor(byte_level)
+    texts = _stream(post, 5, ids, stop_words=["STOP"], tokenizer=byte_level)
+    assert "".join(texts) == "one two "
+    assert len(post) == 0
+    keep = Postprocessor(byte_level, include_stop=True)
+    assert "".join(_stream(keep, 5, ids, stop_words=["STOP"], tokenizer=byte_level)) == "one two STOP"
+    # A stop string never seen: the held-back tail comes out with the final response.
+    tail = _stream(Postprocessor(byte_level), 6, ids, stop_words=["three!"], tokenizer=byte_level)
+    assert "".join(tail) == text
+    assert tail[-1].endswith("three")
+
+
+def test_postprocess_beams_have_their_own_text(byte_level) -> None:
+    post = Postprocessor(byte_level)
+    a = byte_level.encode("你好", add_special_tokens=False)
+    b = byte_level.encode("abcd", add_special_tokens=False)
+    n = min(len(a), len(b))
+    texts = ["", ""]
+    for i in range(n):
+        out = post.process(_response(11, [[a[i]], [b[i]]], "length" if i == n - 1 else ""))
+        texts = [t + o.decode() for t, o in zip(texts, out["text_output"], strict=True)]
+    assert texts == [byte_level.decode(a[:n]), byte_level.decode(b[:n])]
+
+
+def test_postprocess_state_is_bounded(byte_level) -> None:
+    post = Postprocessor(byte_level, max_streams=3)
+    ids = byte_level.encode("你好", add_special_tokens=False)
+    for key in range(5):  # started, never finished (cancelled clients)
+        post.process(_response(key, [ids[:1]]))
+    assert len(post) == 3
+    post.process(_response(2, [ids[1:2]]))  # touching a stream makes it the most recent
+    post.process(_response(5, [ids[:1]]))
+    assert len(post) == 3
+    assert 2 in post and 5 in post and 4 in post
+    assert 3 not in post
+
+
+def test_special_ids_cover_the_backend_specials(byte_level) -> None:
+    assert {byte_level.bos_token_id, byte_level.eos_token_id, byte_level.pad_token_id} <= special_ids(
+        byte_level
+    )
+    assert byte_level.convert_tokens_to_ids("<think>") not in special_ids(byte_level)

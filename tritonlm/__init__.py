@@ -1,0 +1,1 @@
+"""Serve Hugging Face causal LMs behind NVIDIA Triton: engine, tensor contract, launcher."""

@@ -1,0 +1,117 @@
+"""Turns the engine's request tensors (seed 003) into a Sequence, or a clear error naming a tensor."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from tritonlm import contract
+from tritonlm.errors import InvalidRequest
+from tritonlm.sampling import SamplingParams
+from tritonlm.sequence import Sequence
+
+_INPUTS = contract.by_name(contract.ENGINE_INPUTS)
+
+
+def _scalar(tensors: dict[str, np.ndarray], name: str) -> object:
+    if name not in tensors:
+        return _INPUTS[name].default
+    value = tensors[name]
+    if value.size != 1:
+        raise InvalidRequest(f"{name}: expected one value, got shape {list(value.shape)}")
+    return value.reshape(-1)[0].item()
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidRequest(message)
+
+
+def parse_word_list(tensors: dict[str, np.ndarray], name: str, vocab_size: int) -> list[list[int]]:
+    """TensorRT-LLM's [2, N] format: row 0 concatenated ids, row 1 end offsets padded with -1."""
+    if name not in tensors:
+        return []
+    arr = tensors[name]
+    arr = arr.reshape(arr.shape[-2:]) if arr.ndim == 3 and arr.shape[0] == 1 else arr
+    _check(arr.ndim == 2 and arr.shape[0] == 2, f"{name}: expected shape [2, N], got {list(arr.shape)}")
+    ids, offsets = arr[0].tolist(), [int(o) for o in arr[1] if o >= 0]
+    words, begin = [], 0
+    for end in offsets:
+        _check(
+            begin < end <= len(ids), f"{name}: offsets must increase within [1, {len(ids)}], got {offsets}"
+        )
+        words.append(ids[begin:end])
+        begin = end
+    _check(
+        all(0 <= t < vocab_size for w in words for t in w), f"{name}: token ids must be in [0, {vocab_size})"
+    )
+    return words
+
+
+def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: int) -> Sequence:
+    unimplemented = [n for n in contract.ENGINE_UNIMPLEMENTED if n in tensors]
+    _check(not unimplemented, f"{', '.join(unimplemented)}: not supported by this engine yet")
+    for name in ("return_context_logits", "return_generation_logits"):
+        _check(not _scalar(tensors, name), f"{name}: logits outputs are not supported by this engine yet")
+    beam_width = _scalar(tensors, "beam_width")
+    _check(beam_width == 1, f"beam_width: only 1 is supported by this engine yet, got {beam_width}")
+    for name in ("len_penalty", "early_stopping"):  # beam search settings: meaningless without beams
+        value = _scalar(tensors, name)
+        _check(value == _INPUTS[name].default, f"{name}: only applies to beam search (beam_width > 1)")
+
+    ids = tensors["input_ids"].reshape(-1).astype(np.int64)
+    length = _scalar(tensors, "input_lengths")
+    if length is not None:
+        _check(1 <= length <= ids.size, f"input_lengths: must be in [1, {ids.size}], got {length}")
+        ids = ids[:length]
+    _check(ids.size >= 1, "input_ids: the prompt must have at least one token")
+    _check(
+        bool(((ids >= 0) & (ids < vocab_size)).all()), f"input_ids: token ids must be in [0, {vocab_size})"
+    )
+    _check(
+        ids.size < max_seq_len,
+        f"input_ids: the prompt has {ids.size} tokens; this model accepts at most {max_seq_len - 1}",
+    )
+    max_new = _scalar(tensors, "request_output_len")
+    _check(max_new >= 1, f"request_output_len: must be >= 1, got {max_new}")
+    _check(
+        ids.size + max_new <= max_seq_len,
+        f"request_output_len: prompt tokens + request_output_len must be <= {max_seq_len} "
+        f"(max_seq_len); got {ids.size} + {max_new}",
+    )
+
+    def number(name: str, low: float, high: float, low_open: bool = False) -> float:
+        value = float(_scalar(tensors, name))
+        ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
+        _check(ok, f"{name}: must be in {'(' if low_open else '['}{low}, {high}], got {value}")
+        return value
+
+    params = SamplingParams(
+        temperature=number("temperature", 0.0, math.inf),
+        top_k=int(number("runtime_top_k", 0, 2**31 - 1)),
+        top_p=number("runtime_top_p", 0.0, 1.0),
+        typical_p=number("typical_p", 0.0, 1.0, low_open=True),
+        repetition_penalty=number("repetition_penalty", 0.0, math.inf, low_open=True),
+        presence_penalty=number("presence_penalty", -math.inf, math.inf),
+        frequency_penalty=number("frequency_penalty", -math.inf, math.inf),
+        min_length=int(number("min_length", 0, 2**31 - 1)),
+        no_repeat_ngram_size=int(number("no_repeat_ngram_size", 0, 2**31 - 1)),
+        end_id=int(_scalar(tensors, "end_id")),
+        seed=_scalar(tensors, "random_seed"),
+        watermark=bool(_scalar(tensors, "watermark")),
+        bad_words=parse_word_list(tensors, "bad_words_list", vocab_size),
+        return_log_probs=bool(_scalar(tensors, "return_log_probs")),
+    )
+    if "embedding_bias" in tensors:
+        bias = tensors["embedding_bias"].reshape(-1)
+        _check(bias.size == vocab_size, f"embedding_bias: expected {vocab_size} values, got {bias.size}")
+        params.embedding_bias = torch.from_numpy(bias.astype(np.float32))
+    return Sequence(
+        prompt_ids=ids.tolist(),
+        max_new_tokens=max_new,
+        params=params,
+        streaming=bool(_scalar(tensors, "streaming")),
+        stop_words=parse_word_list(tensors, "stop_words_list", vocab_size),
+    )
