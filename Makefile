@@ -18,12 +18,12 @@ test: setup
 # and the Python-backend stub; the official container has its own).
 setup: $(STAMP)
 $(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed"'
+	@$(PYTHON) -c 'import sys; sys.version_info >= (3, 11) or sys.exit("Python >= 3.11 is needed (transformers 5)")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
 	command -v tritonserver >/dev/null || $(PY) -m pip install -q -e ".[server]"
-	@$(PY) -c 'import ctypes.util, sys; v = "%d.%d" % sys.version_info[:2]; ctypes.util.find_library("python" + v) or sys.exit("missing libpython" + v + ".so.1.0, which the Triton Python-backend stub loads: apt-get install libpython" + v)'
+	$(PY) -m tritonlm.launcher --check
 	touch $@
 
 # The default model (random weights, trained tokenizer), generated deterministically.

@@ -72,8 +72,9 @@ class Engine:
             except Exception as error:  # a failing step must not kill the loop: fail its requests
                 log.exception("engine step failed; failing the running requests")
                 for seq in self.running:
-                    seq.error = f"engine step failed: {error!r}"
-                    self._retire(seq, "error")
+                    if not seq.finish_reason:  # some may have finished before the failure
+                        seq.error = f"engine step failed: {error!r}"
+                        self._retire(seq, "error")
                 self.running = []
 
     def _admit(self) -> None:

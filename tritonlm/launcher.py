@@ -1,6 +1,7 @@
 """Starts tritonserver on the model repository plus the HTTP frontend, and stops both cleanly.
 
     python -m tritonlm.launcher            # what `make run` does
+    python -m tritonlm.launcher --check    # only check that tritonserver can run here
 
 The server binary is the `tritonserver` on PATH (the official container) or, failing that, the one
 bundled in the nvidia-pytriton wheel; its Python-backend stub is then copied next to a writable copy
@@ -155,6 +156,14 @@ def model_dir_from_env() -> Path:
 
 
 def main() -> int:
+    if "--check" in sys.argv:  # `make setup`: can tritonserver and its Python stub run here?
+        try:
+            command, _ = triton_command(ROOT / ".triton")
+        except SetupError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        print(f"tritonserver: {command[0]}")
+        return 0
     ports = Ports.from_env()
     try:
         model_dir = model_dir_from_env()

@@ -11,21 +11,23 @@ from tritonlm.tokenization import ids_to_list
 _DTYPES = {t.name: contract.NUMPY_DTYPES[t.dtype] for t in contract.ENGINE_OUTPUTS}
 
 
-def response_tensors(seq: Sequence, first: int) -> dict[str, np.ndarray]:
-    """Tensors for the tokens `seq.output_ids[first:]` (beam width 1). Every declared output is
-    present in every response (empty when not requested) so ensembles can route them unconditionally."""
-    ids = seq.output_ids[first:]
-    timings = seq.timings[first:]
+def response_tensors(seq: Sequence, first: int, end: int, finish_reason: str) -> dict[str, np.ndarray]:
+    """Tensors for the tokens `seq.output_ids[first:end]` (beam width 1). The engine thread may have
+    appended more tokens since, so the caller passes the range and finish reason it was told about.
+    Every declared output is present in every response (empty when not requested), so ensembles can
+    route them unconditionally."""
+    ids = seq.output_ids[first:end]
+    timings = seq.timings[first:end]
     n = len(ids)
-    log_probs = seq.log_probs[first:] if seq.params.return_log_probs else []
+    log_probs = seq.log_probs[first:end] if seq.params.return_log_probs else []
     values: dict[str, object] = {
         "output_ids": [ids],
         "sequence_length": [n],
         "output_log_probs": [[log_probs]] if log_probs else np.zeros((1, 1, 0)),
-        "cum_log_probs": [[sum(seq.log_probs)]] if log_probs else np.zeros((1, 0)),
+        "cum_log_probs": [[sum(seq.log_probs[:end])]] if log_probs else np.zeros((1, 0)),
         "context_logits": np.zeros((1, 0, 0)),
         "generation_logits": np.zeros((1, 1, 0, 0)),
-        "finish_reason": [seq.finish_reason.encode()],
+        "finish_reason": [finish_reason.encode()],
         "prompt_tokens": [len(seq.prompt_ids)],
         "batch_size": [t.batch_size for t in timings],
         "queue_wait_us": [t.queue_wait_us for t in timings],

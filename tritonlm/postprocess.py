@@ -16,7 +16,8 @@ import numpy as np
 
 from tritonlm import contract
 from tritonlm.detokenizer import IncrementalDetokenizer, StopStringFilter
-from tritonlm.preprocess import InvalidRequest, scalar, strings
+from tritonlm.errors import InvalidRequest
+from tritonlm.preprocess import scalar, strings
 from tritonlm.tokenization import list_to_words, special_ids, token_texts
 
 _OUT = contract.by_name(contract.POSTPROCESSING_OUTPUTS)

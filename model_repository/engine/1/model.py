@@ -6,16 +6,14 @@ engine reports new tokens through a queue to the sender thread, which turns them
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import queue
 import threading
 import time
 
 import triton_python_backend_utils as pb_utils
 
-from tritonlm import contract
+from tritonlm import contract, triton_glue
 from tritonlm.detokenizer import IncrementalDetokenizer
 from tritonlm.engine import Engine
 from tritonlm.model_runner import EngineSettings, ModelRunner
@@ -30,16 +28,18 @@ log = logging.getLogger("engine")
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        settings = EngineSettings.from_parameters(params, os.environ.get("MODEL_DIR", ""))
+        params = triton_glue.parameters(args)
+        settings = EngineSettings.from_parameters(params, triton_glue.model_dir(params))
         self.tokenizer = load_tokenizer(settings.model_dir)
         self.runner = ModelRunner(settings)
-        self.outbox: queue.Queue[tuple[Sequence, int] | None] = queue.Queue()
+        # (sequence, first token, end token, finish reason) as they were when the engine reported them
+        self.outbox: queue.Queue[tuple[Sequence, int, int, str] | None] = queue.Queue()
         self.senders: dict[int, object] = {}  # Sequence.key -> response sender
         self.engine = Engine(
             self.runner,
-            on_output=lambda seq, n: self.outbox.put((seq, n)),
+            on_output=lambda seq, n: self.outbox.put(
+                (seq, len(seq.output_ids) - n, len(seq.output_ids), seq.finish_reason)
+            ),
             detokenizer_factory=lambda: IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False),
         )
         self.metrics = _Metrics()
@@ -54,18 +54,13 @@ class TritonPythonModel:
     def execute(self, requests: list) -> None:
         for request in requests:
             sender = request.get_response_sender()
-            tensors = {}
-            for t in contract.ENGINE_INPUTS:
-                tensor = pb_utils.get_input_tensor_by_name(request, t.name)
-                if tensor is not None:
-                    tensors[t.name] = tensor.as_numpy()
+            tensors = triton_glue.read_inputs(request, contract.ENGINE_INPUTS)
             try:
                 seq = parse_request(tensors, self.runner.vocab_size, self.runner.max_seq_len)
             except InvalidRequest as error:
-                response = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)
+                sender.send(
+                    triton_glue.error_response(error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
                 )
-                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             # Stop words also match as text, so a stop string split differently across tokens still stops.
             seq.stop_strings = [s for s in (self.tokenizer.decode(w) for w in seq.stop_words) if s]
@@ -76,16 +71,16 @@ class TritonPythonModel:
 
     def _send_loop(self) -> None:
         while (item := self.outbox.get()) is not None:
-            seq, new_tokens = item
-            done = bool(seq.finish_reason)
+            seq, first, end, finish_reason = item
+            done = bool(finish_reason)
             if not seq.streaming and not done:
                 continue
-            first = len(seq.output_ids) - new_tokens if seq.streaming else 0
+            first = first if seq.streaming else 0
             sender = self.senders.pop(seq.key) if done else self.senders[seq.key]
             if seq.error:
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(seq.error))
             else:
-                tensors = response_tensors(seq, first)
+                tensors = response_tensors(seq, first, end, finish_reason)
                 response = pb_utils.InferenceResponse(
                     output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]
                 )

@@ -1,0 +1,40 @@
+# tritonserver + the HTTP frontend, started the same way as `make run`.
+#
+# Base: the official Triton container. 24.12 is the first with Python >= 3.11 (Ubuntu 24.04,
+# Python 3.12), which transformers 5 needs; its Python-backend stub runs that same python3, so the
+# project is installed into the system Python. (Not buildable on the CPU dev machines: no Docker
+# engine there. Triton 2.51 from the nvidia-pytriton wheel is what `make test` runs.)
+FROM nvcr.io/nvidia/tritonserver:24.12-py3
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_BREAK_SYSTEM_PACKAGES=1 \
+    FRONTEND_PORT=9000 \
+    TRITON_HTTP_PORT=8000 \
+    TRITON_GRPC_PORT=8001 \
+    TRITON_METRICS_PORT=8002
+
+WORKDIR /opt/tritonlm
+
+# Pinned dependencies first, in their own layer, so code changes do not reinstall torch.
+# torch==2.13.0 from PyPI is the CUDA build on Linux x86_64; the engine uses CUDA when visible.
+# tritonserver is on PATH here, so the [server] extra (nvidia-pytriton) is not installed.
+COPY pyproject.toml .
+RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt
+
+COPY tritonlm tritonlm
+COPY frontend frontend
+COPY client client
+COPY model_repository model_repository
+COPY corpus corpus
+
+# Editable on purpose: the launcher finds model_repository/ and models/ next to the tritonlm package.
+# The default model is generated at build time so the image serves something without MODEL_DIR.
+RUN pip install --no-cache-dir --no-deps -e . \
+    && python3 -m tritonlm.default_model models/default
+
+EXPOSE 9000 8000 8001 8002
+# Mount a checkpoint and set MODEL_DIR to serve it: -v /path/to/model:/model -e MODEL_DIR=/model
+CMD ["python3", "-m", "tritonlm.launcher"]
