@@ -11,6 +11,7 @@ from tritonlm import contract
 from tritonlm.errors import InvalidRequest
 from tritonlm.sampling import SamplingParams
 from tritonlm.sequence import Sequence
+from tritonlm.tokenization import list_to_words
 
 _INPUTS = contract.by_name(contract.ENGINE_INPUTS)
 
@@ -33,17 +34,10 @@ def parse_word_list(tensors: dict[str, np.ndarray], name: str, vocab_size: int) 
     """TensorRT-LLM's [2, N] format: row 0 concatenated ids, row 1 end offsets padded with -1."""
     if name not in tensors:
         return []
-    arr = tensors[name]
-    arr = arr.reshape(arr.shape[-2:]) if arr.ndim == 3 and arr.shape[0] == 1 else arr
-    _check(arr.ndim == 2 and arr.shape[0] == 2, f"{name}: expected shape [2, N], got {list(arr.shape)}")
-    ids, offsets = arr[0].tolist(), [int(o) for o in arr[1] if o >= 0]
-    words, begin = [], 0
-    for end in offsets:
-        _check(
-            begin < end <= len(ids), f"{name}: offsets must increase within [1, {len(ids)}], got {offsets}"
-        )
-        words.append(ids[begin:end])
-        begin = end
+    try:
+        words = list_to_words(tensors[name])
+    except ValueError as error:
+        raise InvalidRequest(f"{name}: {error}") from None
     _check(
         all(0 <= t < vocab_size for w in words for t in w), f"{name}: token ids must be in [0, {vocab_size})"
     )
