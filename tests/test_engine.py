@@ -194,6 +194,8 @@ def tensors(**extra) -> dict[str, np.ndarray]:
         ({"return_generation_logits": [True]}, "return_generation_logits"),
         ({"embedding_bias": [[0.0, 1.0]]}, "embedding_bias"),
         ({"stop_words_list": [[1, 2], [5, -1]]}, "stop_words_list"),
+        ({"end_id": [99999]}, "end_id"),
+        ({"pad_id": [-3]}, "pad_id"),
     ],
 )
 def test_invalid_request_tensors_are_named(extra, name):

@@ -128,7 +128,10 @@ def test_cancelled_grpc_stream_frees_its_slot(servers):
     tokens = client.generate("ensemble", {"text_input": ["Go on and on"], "max_tokens": 1500, "stream": True})
     for _ in range(3):
         next(tokens)
-    assert engine_stat(servers, "running") >= 0  # the metric exists while the request runs
+    deadline = time.monotonic() + 10
+    while engine_stat(servers, "running") != 1:  # the gauges refresh every 0.1 s
+        assert time.monotonic() < deadline, "the streaming request never showed as running"
+        time.sleep(0.05)
     client.cancel()
     _wait_until_idle(servers)
 

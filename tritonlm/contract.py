@@ -59,7 +59,7 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     _scalar("no_repeat_ngram_size", "INT32", 0),
     _scalar("random_seed", "UINT64"),
     _scalar("end_id", "INT32", -1),
-    _scalar("pad_id", "INT32"),
+    _scalar("pad_id", "INT32"),  # validated only: packed batches never pad, so nothing to fill
     Tensor("embedding_bias", "FP32", (1, -1)),
     Tensor("bad_words_list", "INT32", (2, -1)),
     Tensor("stop_words_list", "INT32", (2, -1)),

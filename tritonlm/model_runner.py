@@ -24,8 +24,9 @@ class EngineSettings:
 
     @classmethod
     def from_parameters(cls, params: dict[str, str], model_dir: str) -> EngineSettings:
-        """Reads config.pbtxt string parameters; empty strings mean the default."""
-        settings = cls(model_dir=params.get("model_dir") or model_dir)
+        """Reads config.pbtxt string parameters (empty means the default); `model_dir` is resolved
+        by the caller (the parameter, else MODEL_DIR)."""
+        settings = cls(model_dir=model_dir)
         for name in ("device", "dtype"):
             if params.get(name):
                 setattr(settings, name, params[name])

@@ -92,12 +92,14 @@ def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: 
         frequency_penalty=number("frequency_penalty", -math.inf, math.inf),
         min_length=int(number("min_length", 0, 2**31 - 1)),
         no_repeat_ngram_size=int(number("no_repeat_ngram_size", 0, 2**31 - 1)),
-        end_id=int(_scalar(tensors, "end_id")),
+        end_id=int(number("end_id", -1, vocab_size - 1)),
         seed=_scalar(tensors, "random_seed"),
         watermark=bool(_scalar(tensors, "watermark")),
         bad_words=parse_word_list(tensors, "bad_words_list", vocab_size),
         return_log_probs=bool(_scalar(tensors, "return_log_probs")),
     )
+    if "pad_id" in tensors:  # packed batches never pad; still, a bad id is the client's mistake
+        number("pad_id", 0, vocab_size - 1)
     if "embedding_bias" in tensors:
         bias = tensors["embedding_bias"].reshape(-1)
         _check(bias.size == vocab_size, f"embedding_bias: expected {vocab_size} values, got {bias.size}")
