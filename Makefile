@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup model configs lint format clean
+.PHONY: run test setup model configs lint format clean bench
 
 run: setup
 	$(PY) -m tritonlm.launcher
@@ -29,6 +29,17 @@ $(STAMP): pyproject.toml
 # The default model (random weights, trained tokenizer), generated deterministically.
 model: setup
 	$(PY) -m tritonlm.default_model models/default
+
+# Throughput and latency of transformers generate (alone, static batch), `transformers serve
+# --continuous-batching` and this project on the ~30M-parameter bench model, plus the physical limit;
+# a few minutes. Results: bench_results/. Not part of `make test`.
+bench: setup $(VENV)/.bench-installed
+	test -f models/bench/config.json || $(PY) -m tritonlm.default_model models/bench --size bench
+	$(PY) -m client.bench $(BENCH_ARGS)
+
+$(VENV)/.bench-installed: pyproject.toml
+	$(PY) -m pip install -q -e ".[bench]"
+	touch $@
 
 # Regenerate model_repository/*/config.pbtxt from tritonlm/contract.py.
 configs: setup

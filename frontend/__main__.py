@@ -1,4 +1,5 @@
-"""python -m frontend --host 0.0.0.0 --port 9000 --triton-url localhost:8001 --model-name NAME"""
+"""python -m frontend --host 0.0.0.0 --port 9000 --triton-url localhost:8001 --model-name NAME
+[--embed-model-name NAME] [--stream-full-text]"""
 
 from __future__ import annotations
 
@@ -15,9 +16,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--triton-url", default="localhost:8001", help="Triton's gRPC address")
     parser.add_argument("--model-name", default="tritonlm", help="the model name the APIs report")
+    parser.add_argument(
+        "--embed-model-name", help="the embedding model's name (default: SERVED_EMBED_MODEL_NAME, "
+        "else EMBED_MODEL_DIR's directory name, else all-MiniLM-L6-v2)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--stream-full-text",
+        action="store_true",
+        default=None,
+        help="OpenAI streams send the text so far in each chunk, and full_text on the last "
+        "(default: the TRITONLM_STREAM_FULL_TEXT environment variable)",
+    )
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
-    app = create_app(args.triton_url, args.model_name)
+    app = create_app(
+        args.triton_url,
+        args.model_name,
+        embed_model_name=args.embed_model_name,
+        stream_full_text=args.stream_full_text,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 
 

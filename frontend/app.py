@@ -2,21 +2,38 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 
-from frontend import errors, tgi
+from frontend import databricks, embeddings, errors, openai_api, tgi
 from frontend.errors import APIError
 from frontend.generation import Triton
+from frontend.models import served
+from frontend.pipeline import Pipeline
 from frontend.triton import MODELS, TritonClient
+from tritonlm import embedding_config
+
+# Server setting: stream chunks carry the text so far instead of the new text (seed 001's second
+# streaming example, MindIE's fullTextEnabled), and the last chunk a `full_text` field.
+STREAM_FULL_TEXT_ENV = "TRITONLM_STREAM_FULL_TEXT"
 
 
-def create_app(triton_url: str, model_name: str, triton: Triton | None = None) -> FastAPI:
+def create_app(
+    triton_url: str,
+    model_name: str,
+    triton: Triton | None = None,
+    embed_model_name: str | None = None,
+    stream_full_text: bool | None = None,
+) -> FastAPI:
     """`triton`: an object with TritonClient's `stream`/`infer`/`ready` (tests pass a fake);
-    by default a gRPC client for `triton_url`, opened on start-up inside the server's event loop."""
+    by default a gRPC client for `triton_url`, opened on start-up inside the server's event loop.
+    `embed_model_name`: the embedding model's id, by default `embedding_config.served_name()`.
+    `stream_full_text`: cumulative stream text for the OpenAI routes; None: the
+    TRITONLM_STREAM_FULL_TEXT environment variable ("1" or "true" turns it on)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -24,7 +41,8 @@ def create_app(triton_url: str, model_name: str, triton: Triton | None = None) -
             yield
             return
         client = TritonClient(triton_url)
-        app.state.triton = client
+        # The ensemble's steps run from here, so a client that leaves cancels the engine's request.
+        app.state.triton = Pipeline(client)
         try:
             yield
         finally:
@@ -32,7 +50,11 @@ def create_app(triton_url: str, model_name: str, triton: Triton | None = None) -
 
     app = FastAPI(title="tritonlm", lifespan=lifespan)
     app.state.model_name = model_name
+    app.state.embed_model_name = embed_model_name or embedding_config.served_name()
     app.state.created = int(time.time())
+    if stream_full_text is None:
+        stream_full_text = os.environ.get(STREAM_FULL_TEXT_ENV, "").lower() in ("1", "true", "yes")
+    app.state.stream_full_text = stream_full_text
     if triton is not None:
         app.state.triton = triton
     errors.install(app)
@@ -48,14 +70,13 @@ def create_app(triton_url: str, model_name: str, triton: Triton | None = None) -
         return {
             "object": "list",
             "data": [
-                {
-                    "id": request.app.state.model_name,
-                    "object": "model",
-                    "created": request.app.state.created,
-                    "owned_by": "tritonlm",
-                }
+                {"id": name, "object": "model", "created": request.app.state.created, "owned_by": "tritonlm"}
+                for name in served(request)
             ],
         }
 
     app.include_router(tgi.router)
+    app.include_router(openai_api.router)
+    app.include_router(databricks.router)  # before embeddings: its invocations route serves all tasks
+    app.include_router(embeddings.router)
     return app

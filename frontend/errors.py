@@ -1,7 +1,13 @@
-"""Every error the HTTP frontend returns, in TGI's shape: `{"error": "...", "error_type": "..."}`.
+"""Every error the HTTP frontend returns, in the shape of the API the request was made to.
 
-Routes raise `APIError` (or let FastAPI raise `RequestValidationError`); the handlers registered
-here are the only place that turns an exception into a response, so no route formats errors itself.
+- TGI (`POST /` and the rest): `{"error": "...", "error_type": "..."}`, 422 for a bad request.
+- OpenAI and Databricks (`/v1/*`, `/serving-endpoints/*`):
+  `{"error": {"message": "...", "type": "...", "param": "...", "code": ...}}`, 400 for a bad request
+  (the `openai` SDK raises `BadRequestError` for 400, `UnprocessableEntityError` for 422).
+
+Routes raise `APIError` (or let FastAPI raise `RequestValidationError`); `handle` is the only place
+that turns an exception into a response, so no route formats errors itself. Streams whose headers are
+already sent report errors as an event, in the same shapes (`openai_body`, `APIError.body`).
 """
 
 from __future__ import annotations
@@ -14,20 +20,46 @@ from starlette.responses import JSONResponse, Response
 # TGI's error_type for each status we produce.
 ERROR_TYPES = {
     422: "validation",
+    429: "overloaded",
     499: "cancelled",
     500: "generation",
     503: "unavailable",
 }
+# error_type values only TGI's shape uses; OpenAI's `type` is then derived from the status.
+_TGI_ONLY_TYPES = {*ERROR_TYPES.values(), "http", "internal", "unhealthy"}
+# Seconds a client should wait before retrying a 429 (engine queue full) or 503 (not serving).
+RETRY_AFTER_SECONDS = "1"
+# Route prefixes answered in OpenAI's error shape.
+OPENAI_PREFIXES = ("/v1/", "/serving-endpoints/")
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, error_type: str | None = None) -> None:
+    """An error for the client. `error_type`: TGI's error_type, or OpenAI's `type` when the route
+    is an OpenAI one (None: derived from the status). `param`: the request field at fault. `code`:
+    OpenAI's machine-readable code (e.g. "model_not_found"). `headers`: extra response headers
+    (e.g. Retry-After)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        error_type: str | None = None,
+        param: str | None = None,
+        *,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.explicit_type = error_type
         self.error_type = error_type or ERROR_TYPES.get(status, "error")
+        self.param = param
+        self.code = code
+        self.headers = headers
 
     def body(self) -> dict[str, str]:
+        """TGI's shape."""
         return {"error": self.message, "error_type": self.error_type}
 
 
@@ -35,7 +67,36 @@ class ClientDisconnected(Exception):
     """The HTTP client went away before a response could be sent; nothing is left to answer."""
 
 
+def openai_type(status: int) -> str:
+    if status == 429:
+        return "rate_limit_error"
+    return "invalid_request_error" if status < 500 else "server_error"
+
+
+def openai_status(status: int) -> int:
+    # Triton and our models call a client mistake 422 (TGI's status); OpenAI's APIs say 400.
+    return 400 if status == 422 else status
+
+
+def openai_body(exc: APIError) -> dict[str, dict]:
+    """OpenAI's error object (also what an SSE error event carries)."""
+    kind = exc.explicit_type if exc.explicit_type not in _TGI_ONLY_TYPES else None
+    return {
+        "error": {
+            "message": exc.message,
+            "type": kind or openai_type(openai_status(exc.status)),
+            "param": exc.param,
+            "code": exc.code,
+        }
+    }
+
+
+def is_openai_route(request: Request) -> bool:
+    return request.url.path.startswith(OPENAI_PREFIXES)
+
+
 def error_response(status: int, message: str, error_type: str | None = None) -> JSONResponse:
+    """A TGI-shaped error response (for code outside a request's routing, e.g. middleware)."""
     return JSONResponse(APIError(status, message, error_type).body(), status_code=status)
 
 
@@ -67,30 +128,33 @@ def _describe(error: dict) -> str:
     return text if kind == "value_error" else f"request body {text}"
 
 
-async def _api_error(_: Request, exc: APIError) -> Response:
-    return JSONResponse(exc.body(), status_code=exc.status)
-
-
-async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
-    return error_response(422, "; ".join(_describe(e) for e in exc.errors()))
-
-
-async def _http_error(_: Request, exc: HTTPException) -> Response:
-    return error_response(exc.status_code, str(exc.detail), "http")
-
-
-async def _disconnected(_: Request, __: ClientDisconnected) -> Response:
-    return Response(status_code=499)  # nobody reads it; the status shows up in access logs
-
-
-async def _unexpected(_: Request, __: Exception) -> Response:
+def _as_api_error(exc: Exception) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, RequestValidationError):
+        errors = list(exc.errors())
+        param = next((p for p in (_path(tuple(e.get("loc", ()))) for e in errors) if p), None)
+        return APIError(422, "; ".join(_describe(e) for e in errors), param=param)
+    if isinstance(exc, HTTPException):
+        return APIError(exc.status_code, str(exc.detail), "http", headers=exc.headers)
     # Starlette re-raises after this, so the server logs the trace; the client never sees it.
-    return error_response(500, "internal server error", "internal")
+    return APIError(500, "internal server error", "internal")
+
+
+async def handle(request: Request, exc: Exception) -> Response:
+    """The one exception handler: any exception -> the error response of the request's API."""
+    if isinstance(exc, ClientDisconnected):
+        return Response(status_code=499)  # nobody reads it; the status shows up in access logs
+    error = _as_api_error(exc)
+    headers = dict(error.headers or {})
+    if error.status in (429, 503):
+        headers.setdefault("Retry-After", RETRY_AFTER_SECONDS)
+    if is_openai_route(request):
+        status = openai_status(error.status)
+        return JSONResponse(openai_body(error), status_code=status, headers=headers)
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def install(app: FastAPI) -> None:
-    app.add_exception_handler(APIError, _api_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(ClientDisconnected, _disconnected)
-    app.add_exception_handler(Exception, _unexpected)
+    for kind in (APIError, RequestValidationError, HTTPException, ClientDisconnected, Exception):
+        app.add_exception_handler(kind, handle)

@@ -23,11 +23,12 @@ from tritonclient.utils import InferenceServerException
 from frontend.errors import APIError
 from tritonlm import contract
 from tritonlm.contract import NUMPY_DTYPES, Tensor
-from tritonlm.errors import CLIENT_ERROR_MARKER
+from tritonlm.errors import CLIENT_ERROR_MARKER, OVERLOAD_MARKER
 
 ENSEMBLE = "ensemble"
 PREPROCESSING = "preprocessing"
-MODELS = (ENSEMBLE, PREPROCESSING, "engine", "postprocessing")
+EMBEDDING = "embedding"
+MODELS = (ENSEMBLE, PREPROCESSING, "engine", "postprocessing", EMBEDDING)
 
 # Inputs of each model we may call, by name: the contract decides every datatype.
 INPUTS: dict[str, dict[str, Tensor]] = {
@@ -35,6 +36,7 @@ INPUTS: dict[str, dict[str, Tensor]] = {
     PREPROCESSING: contract.by_name(contract.PREPROCESSING_INPUTS),
     "engine": contract.by_name(contract.ENGINE_INPUTS),
     "postprocessing": contract.by_name(contract.POSTPROCESSING_INPUTS),
+    EMBEDDING: contract.by_name(contract.EMBEDDING_INPUTS),
 }
 
 _FINAL = "triton_final_response"
@@ -62,8 +64,9 @@ _UNAVAILABLE = (
 
 
 def classify_error(message: str) -> tuple[int, str]:
-    """Decide whose fault a Triton error is: (422, ...) the client's, (503, ...) Triton unreachable or
-    not serving the model, (500, ...) anything else. Returns the status and a message for the client.
+    """Decide whose fault a Triton error is: (422, ...) the client's, (429, ...) the engine's queue is
+    full ("[overloaded]"), (503, ...) Triton unreachable or not serving the model, (500, ...) anything
+    else. Returns the status and a message for the client.
 
     Our models mark client mistakes with "[invalid argument]"; Triton's own status text for
     TRITONSERVER_ERROR_INVALID_ARG (e.g. "[StatusCode.INVALID_ARGUMENT]") counts as well, since how a
@@ -72,6 +75,8 @@ def classify_error(message: str) -> tuple[int, str]:
     text = _TRACEBACK.sub("", message).strip()
     cleaned = _WRAPPERS.sub("", text).strip() or text
     lowered = text.lower()
+    if OVERLOAD_MARKER in text:  # the engine's waiting queue is full: retry later
+        return 429, cleaned.replace(OVERLOAD_MARKER, "").strip()
     if _CLIENT_FAULT.search(text):
         return 422, _MARKER.sub("", cleaned).strip() or "invalid request"
     if any(needle in lowered for needle in _UNAVAILABLE):

@@ -12,10 +12,15 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from tritonlm import launcher
+
+# The engine's waiting-queue bound for the test servers (TRITONLM_MAX_QUEUE_SIZE), small so that the
+# overload test fills it quickly; still above any burst the other tests send.
+MAX_QUEUE_SIZE = 32
 
 
 def free_port() -> int:
@@ -42,6 +47,7 @@ class Servers:
     model_dir: Path
     model_name: str
     log_dir: Path
+    max_queue_size: int = MAX_QUEUE_SIZE
 
     @property
     def frontend_url(self) -> str:
@@ -60,9 +66,10 @@ class Servers:
 def servers(model_dir: Path) -> Iterator[Servers]:
     ports = launcher.Ports(frontend=free_port(), http=free_port(), grpc=free_port(), metrics=free_port())
     log_dir = Path(tempfile.mkdtemp(prefix="tritonlm-test-"))
-    triton = launcher.start_triton(
-        ports, model_dir, log_dir / "tritonserver.log", work_dir=launcher.ROOT / ".triton"
-    )
+    with mock.patch.dict(os.environ, {"TRITONLM_MAX_QUEUE_SIZE": str(MAX_QUEUE_SIZE)}):
+        triton = launcher.start_triton(
+            ports, model_dir, log_dir / "tritonserver.log", work_dir=launcher.ROOT / ".triton"
+        )
     frontend = None
     try:
         launcher.wait_ready(f"http://127.0.0.1:{ports.http}/v2/health/ready", triton, 300, "tritonserver")

@@ -29,10 +29,10 @@ def test_config_pbtxt_matches_the_contract():
 
 @pytest.fixture(scope="module")
 def runner(model_dir) -> ModelRunner:
-    return ModelRunner(EngineSettings(str(model_dir), max_running_seqs=6, max_seq_len=256))
+    return ModelRunner(EngineSettings(str(model_dir), max_num_seqs=6, max_seq_len=256))
 
 
-def run_all(runner: ModelRunner, seqs: list[Sequence], stagger: bool = False) -> None:
+def run_all(runner: ModelRunner, seqs: list[Sequence], stagger: bool = False) -> Engine:
     """Runs the engine loop until every sequence finished; `stagger` admits them while others run."""
     done = threading.Semaphore(0)
     engine = Engine(runner, lambda seq, n: seq.finish_reason and done.release())
@@ -47,26 +47,193 @@ def run_all(runner: ModelRunner, seqs: list[Sequence], stagger: bool = False) ->
         assert done.acquire(timeout=60)
     engine.stop()
     thread.join(10)
-    assert engine.stats()["free_slots"] == runner.max_running_seqs
+    stats = engine.stats()
+    assert stats["kv_blocks_used"] == 0 and stats["running"] == stats["waiting"] == 0
+    return engine
 
 
-def test_batched_greedy_equals_transformers_generate(runner, model_dir):
+@pytest.fixture(scope="module")
+def hf_model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+def generate(model, prompt: list[int], new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def greedy_refs(hf_model) -> tuple[list[list[int]], list[list[int]]]:
+    """Ten prompts of 1-59 tokens and transformers' greedy 20 tokens for each."""
     gen = torch.Generator().manual_seed(0)
     prompts = [
         torch.randint(5, 4000, (int(n),), generator=gen).tolist()
         for n in torch.randint(1, 60, (10,), generator=gen)
     ]
+    return prompts, [generate(hf_model, p, 20) for p in prompts]
+
+
+def test_batched_greedy_equals_transformers_generate(runner, greedy_refs):
+    prompts, refs = greedy_refs
     seqs = [Sequence(p, 20, SamplingParams()) for p in prompts]
-    run_all(runner, seqs, stagger=True)  # more requests than slots, joining mid-flight
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    for seq, prompt in zip(seqs, prompts, strict=True):
-        with torch.no_grad():
-            ref = model.generate(
-                torch.tensor([prompt]), max_new_tokens=20, do_sample=False, eos_token_id=None
-            )
-        assert seq.output_ids == ref[0, len(prompt) :].tolist()
+    run_all(runner, seqs, stagger=True)  # more requests than running slots, joining mid-flight
+    for seq, ref in zip(seqs, refs, strict=True):
+        assert seq.output_ids == ref
         assert seq.finish_reason == "length"
         assert [t.batch_size for t in seq.timings] and len(seq.timings) == 20
+
+
+def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(model_dir, greedy_refs):
+    prompts, refs = greedy_refs
+    # 6 blocks of 16 tokens: room for about two of the ten sequences at a time.
+    small = ModelRunner(EngineSettings(str(model_dir), max_num_seqs=8, max_seq_len=96, kv_cache_blocks=6))
+    small.cache.workspace = None  # decode attention over gathered blocks (the GPU path) here
+    seqs = [Sequence(p, 20, SamplingParams()) for p in prompts]
+    engine = run_all(small, seqs)
+    assert engine.stats()["preemptions"] > 0
+    assert any(s.num_preemptions for s in seqs)
+    assert [s.output_ids for s in seqs] == refs
+    assert all(s.finish_reason == "length" for s in seqs)
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir, monkeypatch):
+    runner = ModelRunner(EngineSettings(str(model_dir), max_num_seqs=4, max_seq_len=64))
+    real = runner.forward
+    calls = []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "forward", flaky)
+    failed = Sequence([1, 2, 3], 10, SamplingParams())
+    engine = run_all(runner, [failed])
+    assert failed.finish_reason == "error" and "boom" in failed.error
+    assert engine.stats()["kv_blocks_used"] == 0
+    ok = Sequence([1, 2, 3], 10, SamplingParams())
+    run_all(runner, [ok])
+    assert ok.finish_reason == "length" and len(ok.output_ids) == 10
+
+
+def test_chunked_prefill_gives_the_same_outputs(model_dir, greedy_refs):
+    prompts, refs = greedy_refs
+    chunked = ModelRunner(
+        EngineSettings(str(model_dir), max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96)
+    )
+    seqs = [Sequence(p, 20, SamplingParams()) for p in prompts]
+    engine = run_all(chunked, seqs)
+    assert [s.output_ids for s in seqs] == refs
+    # Every prompt over 8 tokens took several steps: more steps than tokens generated per sequence.
+    assert engine.stats()["steps"] > 20 + sum(len(p) for p in prompts) // 8
+
+
+def test_a_shared_prefix_is_computed_once_and_outputs_stay_the_same(model_dir, hf_model):
+    gen = torch.Generator().manual_seed(1)
+    system = torch.randint(5, 4000, (100,), generator=gen).tolist()
+    first = Sequence(system + [11, 12, 13], 12, SamplingParams())
+    second = Sequence(system + [21, 22], 12, SamplingParams())
+    cached = ModelRunner(EngineSettings(str(model_dir), max_num_seqs=4, max_seq_len=256))
+    engine = run_all(cached, [first])
+    run_all_on(engine, [second])
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == 96  # the six full 16-token blocks of the shared 100 tokens
+    assert engine.stats()["prefix_cache_hits"] == 96
+    assert second.output_ids == generate(hf_model, second.prompt_ids, 12)
+    uncached = ModelRunner(
+        EngineSettings(str(model_dir), max_num_seqs=4, max_seq_len=256, enable_prefix_caching=False)
+    )
+    again = Sequence(list(second.prompt_ids), 12, SamplingParams())
+    run_all(uncached, [again])
+    assert again.cached_tokens == 0 and again.output_ids == second.output_ids
+
+
+def test_requests_admitted_together_share_a_prefix_computed_in_that_step(runner, hf_model):
+    shared = list(range(100, 132))  # two full blocks
+    first = Sequence(shared + [5, 6, 7], 8, SamplingParams())
+    second = Sequence(shared + [9], 8, SamplingParams())  # all but its last token cached
+    engine = Engine(runner, lambda seq, n: None)
+    run_all_on(engine, [first, second])  # both queued before the first step: admitted together
+    assert first.cached_tokens == 0 and second.cached_tokens == 32 and engine.steps == 8
+    for seq in (first, second):
+        assert seq.output_ids == generate(hf_model, seq.prompt_ids, 8)
+
+
+def run_all_on(engine: Engine, seqs: list[Sequence]) -> None:
+    """Like run_all, on an engine that already ran (its prefix cache kept)."""
+    for seq in seqs:
+        engine.add(seq)
+    while engine.scheduler.has_work():
+        engine.step()
+
+
+def test_prompt_and_generation_logits_hooks(model_dir, hf_model):
+    runner = ModelRunner(
+        EngineSettings(str(model_dir), max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96)
+    )
+    prompt = list(range(30, 60))
+    seq = Sequence(prompt, 4, SamplingParams(return_context_logits=True, return_generation_logits=True))
+    other = Sequence(prompt[:20], 4, SamplingParams())  # same prefix: must not make seq skip any row
+    run_all(runner, [other, seq])
+    with torch.no_grad():
+        full = hf_model(torch.tensor([prompt + seq.output_ids[:-1]])).logits[0]
+    context = torch.cat(seq.prompt_logits)
+    assert context.dtype == torch.float32 and context.shape == (30, runner.vocab_size)
+    assert torch.allclose(context, full[:30], atol=1e-4)
+    assert len(seq.generation_logits) == 4
+    assert torch.allclose(torch.stack(seq.generation_logits), full[29:], atol=1e-4)
+
+
+def test_fork_copies_a_shared_partial_block_before_writing(model_dir, hf_model):
+    runner = ModelRunner(EngineSettings(str(model_dir), max_num_seqs=4, max_seq_len=96, block_size=4))
+    engine = Engine(runner, lambda seq, n: None)
+    parent = Sequence([5, 6, 7, 8, 9, 10], 8, SamplingParams())  # 1.5 blocks
+    engine.add(parent)
+    engine.step()  # prefill; its first token sampled
+    child = Sequence(list(parent.prompt_ids), 8, SamplingParams())
+    child.output_ids = [77]  # a different continuation of the same 6 tokens
+    child.generator = None
+    engine.blocks.fork(parent, child)
+    engine.scheduler.running.append(child)
+    while parent.num_tokens < 12:
+        engine.step()
+    for seq in (parent, child):
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([seq.prompt_ids + seq.output_ids])).logits[0]
+        assert seq.output_ids[1:] == logits[6:-1].argmax(-1).tolist()
+    assert parent.block_table[0] == child.block_table[0] and parent.block_table[1] != child.block_table[1]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "qwen2"])
+def test_other_decoders_work_through_the_attention_interface(arch, tmp_path):
+    from transformers import AutoConfig
+
+    config = {
+        "gpt2": dict(n_layer=2, n_embd=64, n_head=4, n_positions=128, vocab_size=512),
+        "qwen2": dict(
+            num_hidden_layers=2,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=512,
+            max_position_embeddings=128,
+        ),
+    }[arch]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **config)).eval()
+    model.save_pretrained(tmp_path)
+    runner = ModelRunner(
+        EngineSettings(str(tmp_path), max_num_seqs=4, max_num_batched_tokens=16, block_size=4)
+    )
+    prompts = [[3, 4, 5], list(range(10, 40)), [7] * 9]
+    seqs = [Sequence(p, 10, SamplingParams()) for p in prompts]
+    run_all(runner, seqs)
+    assert [s.output_ids for s in seqs] == [generate(model, p, 10) for p in prompts]
 
 
 def test_end_id_stop_words_and_min_length(runner):
@@ -94,11 +261,32 @@ def test_cancelled_sequence_leaves_within_a_step(runner):
 
     engine = Engine(runner, on_output)
     engine.add(seq)
-    engine._admit()
+    waiting = Sequence([1, 2, 3], 200, SamplingParams(), is_cancelled=lambda: True)
     while not seq.finish_reason:
         engine.step()
+        if len(seq.output_ids) == 2:
+            engine.add(waiting)
     assert seq.finish_reason == "cancelled" and len(seq.output_ids) == 3
-    assert engine.stats()["free_slots"] == runner.max_running_seqs
+    assert waiting.finish_reason == "cancelled" and not waiting.output_ids
+    assert engine.stats()["kv_blocks_used"] == 0 and not engine.scheduler.has_work()
+
+
+def test_a_full_waiting_queue_refuses_requests(model_dir):
+    runner = ModelRunner(EngineSettings(str(model_dir), max_num_seqs=2, max_seq_len=64, max_queue_size=2))
+    engine = Engine(runner, lambda seq, n: None)
+    assert all(engine.add(Sequence([1, 2], 4, SamplingParams())) for _ in range(4))
+    assert not engine.add(Sequence([1, 2], 4, SamplingParams()))
+    while engine.scheduler.waiting:  # room again as soon as requests finish
+        engine.step()
+    assert engine.add(Sequence([1, 2], 4, SamplingParams()))
+
+
+def test_settings_from_parameters_and_environment(monkeypatch):
+    params = {"max_running_seqs": "7", "block_size": "8", "enable_prefix_caching": "false", "dtype": ""}
+    monkeypatch.setenv("TRITONLM_MAX_QUEUE_SIZE", "3")
+    settings = EngineSettings.from_parameters(params, "/m")
+    assert (settings.max_num_seqs, settings.block_size, settings.enable_prefix_caching) == (7, 8, False)
+    assert settings.max_queue_size == 3 and settings.dtype == "auto" and settings.model_dir == "/m"
 
 
 def sampler_input(params: SamplingParams, prompt=(1, 2, 3), output=(), seed=None) -> SamplerInput:
@@ -188,10 +376,11 @@ def tensors(**extra) -> dict[str, np.ndarray]:
         ({"runtime_top_p": [1.5]}, "runtime_top_p"),
         ({"typical_p": [0.0]}, "typical_p"),
         ({"repetition_penalty": [0.0]}, "repetition_penalty"),
-        ({"beam_width": [2]}, "beam_width"),
+        ({"beam_width": [0]}, "beam_width"),
         ({"len_penalty": [0.5]}, "len_penalty"),
         ({"lora_task_id": [3]}, "lora_task_id"),
-        ({"return_generation_logits": [True]}, "return_generation_logits"),
+        ({"num_top_log_probs": [21]}, "num_top_log_probs"),
+        ({"num_top_log_probs": [2]}, "num_top_log_probs"),  # without return_log_probs
         ({"embedding_bias": [[0.0, 1.0]]}, "embedding_bias"),
         ({"stop_words_list": [[1, 2], [5, -1]]}, "stop_words_list"),
         ({"end_id": [99999]}, "end_id"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -13,6 +14,7 @@ from tritonlm.postprocess import Postprocessor
 from tritonlm.preprocess import InvalidRequest, Preprocessor
 from tritonlm.tokenization import (
     encode_prompt,
+    generation_eos_ids,
     ids_to_list,
     list_to_words,
     load_tokenizer,
@@ -175,7 +177,9 @@ def test_preprocess_rejects_bad_requests(byte_level, inputs, message) -> None:
 # postprocessing
 
 
-def _response(key: int, ids: list[list[int]], finish: str = "", stop_words=None, tokenizer=None) -> dict:
+def _response(
+    key: int, ids: list[list[int]], finish: str = "", stop_words=None, tokenizer=None, **echoes
+) -> dict:
     beams, n = len(ids), len(ids[0])
     inputs = {
         "output_ids": np.array(ids, dtype=np.int32).reshape(beams, n),
@@ -189,8 +193,15 @@ def _response(key: int, ids: list[list[int]], finish: str = "", stop_words=None,
         "prefill_ms": np.array([1.5], dtype=np.float32),
         "decode_ms": np.full((n,), 0.25, dtype=np.float32),
         "request_key": np.array([key], dtype=np.uint64),
-        # the engine echoes the request's stop words as ids
+        "cached_tokens": np.array([0], dtype=np.int32),
+        "top_log_probs": np.zeros((n, 0), dtype=np.float32),
+        "top_ids": np.zeros((n, 0), dtype=np.int32),
+        "prompt_log_probs": np.zeros((0,), dtype=np.float32),
+        "prompt_top_log_probs": np.zeros((0, 0), dtype=np.float32),
+        "prompt_top_ids": np.zeros((0, 0), dtype=np.int32),
+        # the engine echoes the request's stop words as ids, and its detokenization settings
         "stop_words_list": words_to_list(tokenizer, stop_words) if stop_words else ids_to_list([]),
+        **echoes,
     }
     return inputs
 
@@ -306,3 +317,130 @@ def test_special_ids_cover_the_backend_specials(byte_level) -> None:
         byte_level
     )
     assert byte_level.convert_tokens_to_ids("<think>") not in special_ids(byte_level)
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI-API features: chat prompts, stop token ids, ignore_eos, fitting the context, and the
+# per-request detokenization settings the engine echoes to postprocessing.
+
+BOOL = np.bool_
+
+
+def _chat_inputs(messages, max_tokens: int | None = 8, **extra) -> dict[str, np.ndarray]:
+    inputs = {"chat_messages": np.array([json.dumps(messages).encode()], dtype=object)}
+    if max_tokens is not None:
+        inputs["max_tokens"] = np.array([max_tokens], dtype=np.int32)
+    for name, value in extra.items():
+        if name == "chat_template_kwargs":
+            inputs[name] = np.array([json.dumps(value).encode()], dtype=object)
+        elif isinstance(value, bool):
+            inputs[name] = np.array([value], dtype=BOOL)
+        else:
+            inputs[name] = np.array(value if isinstance(value, list) else [value], dtype=np.int32)
+    return inputs
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(model_dir):
+    return load_tokenizer(model_dir)
+
+
+def test_chat_messages_use_the_chat_template(chat_tokenizer, model_dir) -> None:
+    pre = Preprocessor(chat_tokenizer, max_seq_len=2048, extra_eos_ids=generation_eos_ids(model_dir))
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]},
+    ]
+    out = pre.process(_chat_inputs(messages, chat_template_kwargs={"enable_thinking": False}))
+    _check_contract(out, contract.PREPROCESSING_OUTPUTS)
+    joined = [messages[0], {"role": "user", "content": "Hi\nthere"}]
+    text = chat_tokenizer.apply_chat_template(
+        joined, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+    assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert out["input_ids"].tolist() == [chat_tokenizer.encode(text, add_special_tokens=False)]
+    # The chat model's end of turn (<|im_end|>, generation_config's second EOS) stops generation.
+    im_end = chat_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert list_to_words(out["stop_words_list"]) == [[im_end]]
+    assert out["out_end_id"].tolist() == [chat_tokenizer.eos_token_id]
+
+
+def test_stop_token_ids_ignore_eos_and_fitting_the_context(chat_tokenizer, model_dir) -> None:
+    pre = Preprocessor(chat_tokenizer, max_seq_len=64, extra_eos_ids=generation_eos_ids(model_dir))
+    im_end = chat_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    out = pre.process(_pre_inputs(stop_words=["xyz"], stop_token_ids=[7, 9, 7]))
+    xyz = chat_tokenizer.encode("xyz", add_special_tokens=False)
+    assert list_to_words(out["stop_words_list"]) == [xyz, [7], [9], [im_end]]
+    out = pre.process({**_pre_inputs(), "ignore_eos": np.array([True])})
+    assert out["out_end_id"].tolist() == [-1]
+    assert out["stop_words_list"].shape == (2, 0)
+    # No max_tokens: whatever the context leaves.
+    inputs = _pre_inputs()
+    del inputs["max_tokens"]
+    out = pre.process(inputs)
+    assert out["request_output_len"].tolist() == [[64 - out["input_lengths"][0]]]
+    # truncate_to_fit: the prompt keeps its last 63 tokens, max_tokens shrinks to what fits.
+    long = "word " * 200
+    out = pre.process({**_pre_inputs(long, max_tokens=500), "truncate_to_fit": np.array([True])})
+    assert out["input_lengths"].tolist() == [63]
+    assert out["request_output_len"].tolist() == [[1]]
+    assert out["input_ids"][0].tolist() == encode_prompt(chat_tokenizer, long)[-63:]
+    with pytest.raises(InvalidRequest, match="accepts at most 63"):
+        pre.process(_pre_inputs(long))
+
+
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        (_chat_inputs([]), "non-empty JSON list"),
+        (_chat_inputs([{"role": "robot", "content": "x"}]), "chat_messages[0].role must be one of"),
+        (
+            _chat_inputs([{"role": "user", "content": [{"type": "image_url", "image_url": "a.png"}]}]),
+            "text-only",
+        ),
+        (
+            _chat_inputs([{"role": "user", "content": "x"}], chat_template_kwargs={"tokenize": True}),
+            "tokenize",
+        ),
+        (_chat_inputs([{"role": "user", "content": "x"}], chat_template_kwargs=[1]), "JSON object"),
+        ({"chat_messages": np.array([b"[{"], dtype=object)}, "chat_messages must be JSON"),
+        ({**_chat_inputs([{"role": "user", "content": "x"}]), **_pre_inputs()}, "not both"),
+        (_pre_inputs(stop_token_ids=[4096]), "stop_token_ids must be token ids in [0, 4095]"),
+        (_pre_inputs(stop_token_ids=[-1]), "stop_token_ids"),
+    ],
+)
+def test_preprocess_rejects_bad_chat_requests(chat_tokenizer, inputs, message) -> None:
+    with pytest.raises(InvalidRequest) as e:
+        Preprocessor(chat_tokenizer, max_seq_len=2048).process(inputs)
+    assert message in str(e.value)
+
+
+def test_postprocess_follows_the_echoed_settings(chat_tokenizer) -> None:
+    im_end = chat_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = chat_tokenizer.encode("one two three", add_special_tokens=False) + [im_end]
+    stop = {"stop_words": ["two"], "tokenizer": chat_tokenizer}
+    keep = {"skip_special_tokens": np.array([False]), "include_stop_str_in_output": np.array([True])}
+    # Defaults: special tokens skipped, the stop string cut.
+    out = Postprocessor(chat_tokenizer).process(_response(1, [ids], "stop_words", **stop))
+    assert out["text_output"].tolist() == [b"one "]
+    assert out["stop_reason"].tolist() == [b"two"]
+    out = Postprocessor(chat_tokenizer).process(_response(2, [ids], "stop_words", **stop, **keep))
+    assert out["text_output"].tolist() == [b"one two"]
+    out = Postprocessor(chat_tokenizer).process(
+        _response(3, [ids], "end_id", skip_special_tokens=np.array([False]))
+    )
+    assert out["text_output"].tolist() == [b"one two three<|im_end|>"]
+    assert out["stop_reason"].tolist() == [b""]
+
+
+def test_postprocess_beam_rows_and_top_token_texts(chat_tokenizer) -> None:
+    a = chat_tokenizer.encode("alpha beta", add_special_tokens=False)
+    b = chat_tokenizer.encode("gamma", add_special_tokens=False)
+    width = max(len(a), len(b))
+    inputs = _response(4, [a + [0] * (width - len(a)), b + [0] * (width - len(b))], "length")
+    inputs["sequence_length"] = np.array([len(a), len(b)], dtype=np.int32)
+    inputs["top_ids"] = np.array([[a[0], -1]], dtype=np.int32)
+    out = Postprocessor(chat_tokenizer).process(inputs)
+    assert out["text_output"].tolist() == [b"alpha beta", b"gamma"]
+    assert [t.decode() for t in out["token_texts"]] == [chat_tokenizer.decode([i]) for i in a + b]
+    assert out["top_token_texts"].tolist() == [[chat_tokenizer.decode([a[0]]).encode(), b""]]

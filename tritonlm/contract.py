@@ -76,6 +76,13 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     # Extensions (TGI's typical_p and watermark; the seeds call them unsupported, we support them).
     _scalar("typical_p", "FP32", 1.0),
     _scalar("watermark", "BOOL", False),
+    # Extensions for the OpenAI APIs. Alternatives per generated token (0-20, needs return_log_probs):
+    _scalar("num_top_log_probs", "INT32", 0),
+    # Log probs (and num_top_log_probs alternatives) of the prompt tokens, for `echo` with logprobs.
+    _scalar("return_prompt_log_probs", "BOOL", False),
+    # Detokenization settings: the engine only echoes them, for postprocessing (see below).
+    _scalar("skip_special_tokens", "BOOL", True),
+    _scalar("include_stop_str_in_output", "BOOL", False),
 )
 
 # Inputs declared for the contract but not implemented yet: a request that sets them is rejected
@@ -105,9 +112,21 @@ ENGINE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("prefill_ms", "FP32", (1,)),
     Tensor("decode_ms", "FP32", (-1,)),  # per token: wall time since the previous token, ms
     Tensor("request_key", "UINT64", (1,)),  # unique per request: keys postprocessing's state
-    # The request's stop words echoed back: a step after a decoupled model may only take inputs
-    # from that model, so this is how postprocessing learns which stop strings to cut and hold back.
+    Tensor("cached_tokens", "INT32", (1,)),  # prompt tokens whose KV came from the prefix cache
+    # Per token of this response: the num_top_log_probs best alternatives, best first.
+    Tensor("top_log_probs", "FP32", (-1, -1)),
+    Tensor("top_ids", "INT32", (-1, -1)),
+    # With return_prompt_log_probs, in the first response: one entry per prompt token (the first
+    # token has no log prob: 0 there, and no alternatives: its row is -inf / -1).
+    Tensor("prompt_log_probs", "FP32", (-1,)),
+    Tensor("prompt_top_log_probs", "FP32", (-1, -1)),
+    Tensor("prompt_top_ids", "INT32", (-1, -1)),
+    # Request settings echoed back: a step after a decoupled model may only take inputs from that
+    # model, so this is how postprocessing learns which stop strings to cut and hold back, and how
+    # to detokenize.
     Tensor("stop_words_list", "INT32", (2, -1)),
+    Tensor("skip_special_tokens", "BOOL", (1,)),
+    Tensor("include_stop_str_in_output", "BOOL", (1,)),
 )
 
 FINISH_REASONS = ("length", "end_id", "stop_words", "cancelled")  # "error" fails the request instead
@@ -115,13 +134,24 @@ FINISH_REASONS = ("length", "end_id", "stop_words", "cancelled")  # "error" fail
 # ---------------------------------------------------------------------------------------------
 # preprocessing: text -> engine inputs.
 PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
-    Tensor("text_input", "BYTES", (1,), optional=False),
-    Tensor("max_tokens", "INT32", (1,), optional=False),
+    # The prompt: text_input as is, or chat_messages (a JSON list of OpenAI-style messages) rendered
+    # with the tokenizer's chat template and its generation prompt; exactly one of them.
+    Tensor("text_input", "BYTES", (1,)),
+    Tensor("chat_messages", "BYTES", (1,)),
+    Tensor("chat_template_kwargs", "BYTES", (1,)),  # JSON object: extra chat template variables
+    # Absent: as many tokens as fit in the context (max_seq_len minus the prompt).
+    Tensor("max_tokens", "INT32", (1,)),
     Tensor("bad_words", "BYTES", (-1,)),
     Tensor("stop_words", "BYTES", (-1,)),
+    Tensor("stop_token_ids", "INT32", (-1,)),  # each id stops generation (as a one-token stop word)
+    # No end token (end_id -1), and the extra EOS ids of generation_config.json do not stop either.
+    _scalar("ignore_eos", "BOOL", False),
     _scalar("end_id", "INT32"),
     _scalar("pad_id", "INT32"),
     _scalar("truncate", "INT32"),  # keep only the last N prompt tokens (TGI's truncate)
+    # Instead of failing when prompt + max_tokens exceed max_seq_len: keep the prompt's last
+    # max_seq_len - 1 tokens and lower max_tokens to what fits (Databricks' error_behavior "truncate").
+    _scalar("truncate_to_fit", "BOOL", False),
 )
 
 PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
@@ -149,6 +179,19 @@ PASSTHROUGH: tuple[str, ...] = (
     "queue_wait_us",
     "prefill_ms",
     "decode_ms",
+    "cached_tokens",
+    "top_log_probs",
+    "top_ids",
+    "prompt_log_probs",
+    "prompt_top_log_probs",
+    "prompt_top_ids",
+)
+# Engine outputs postprocessing reads but does not pass on: per-request state and settings.
+ENGINE_ECHOES: tuple[str, ...] = (
+    "request_key",
+    "stop_words_list",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
 )
 
 _ENGINE_OUT = {t.name: t for t in ENGINE_OUTPUTS}
@@ -160,12 +203,20 @@ POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
     ),
     Tensor("request_key", "UINT64", (1,), optional=False),
     Tensor("stop_words_list", "INT32", (2, -1), optional=False),
+    _scalar("skip_special_tokens", "BOOL", True),
+    _scalar("include_stop_str_in_output", "BOOL", False),
 )
 
 POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", "BYTES", (-1,)),  # per beam: the new text of this response
-    Tensor("token_texts", "BYTES", (-1,)),  # the text of each token of this response, alone
-    Tensor("token_special", "BOOL", (-1,)),
+    # The text of each token of this response decoded alone, special tokens included: beam 0's
+    # tokens, then beam 1's, … (each beam's first sequence_length[beam] tokens).
+    Tensor("token_texts", "BYTES", (-1,)),
+    Tensor("token_special", "BOOL", (-1,)),  # same layout as token_texts
+    Tensor("top_token_texts", "BYTES", (-1, -1)),  # the text of each top_ids entry ("" for -1)
+    Tensor("prompt_top_token_texts", "BYTES", (-1, -1)),  # the text of each prompt_top_ids entry
+    # Per beam, on the final response: the stop string that ended the text, else "".
+    Tensor("stop_reason", "BYTES", (-1,)),
     *(Tensor(f"out_{n}", _ENGINE_OUT[n].dtype, _ENGINE_OUT[n].dims) for n in PASSTHROUGH),
 )
 
@@ -174,13 +225,18 @@ POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
 # Only preprocessing and engine can take ensemble inputs: Triton feeds the step after a decoupled
 # model from that model's outputs alone.
 ENSEMBLE_INPUTS: tuple[tuple[Tensor, str], ...] = (
-    (Tensor("text_input", "BYTES", (1,), optional=False), "preprocessing.text_input"),
-    (Tensor("max_tokens", "INT32", (1,), optional=False), "preprocessing.max_tokens"),
+    (Tensor("text_input", "BYTES", (1,)), "preprocessing.text_input"),  # or chat_messages
+    (Tensor("chat_messages", "BYTES", (1,)), "preprocessing.chat_messages"),
+    (Tensor("chat_template_kwargs", "BYTES", (1,)), "preprocessing.chat_template_kwargs"),
+    (Tensor("max_tokens", "INT32", (1,)), "preprocessing.max_tokens"),
     (Tensor("bad_words", "BYTES", (-1,)), "preprocessing.bad_words"),
     (Tensor("stop_words", "BYTES", (-1,)), "preprocessing.stop_words"),
+    (Tensor("stop_token_ids", "INT32", (-1,)), "preprocessing.stop_token_ids"),
+    (_scalar("ignore_eos", "BOOL"), "preprocessing.ignore_eos"),
     (_scalar("end_id", "INT32"), "preprocessing.end_id"),
     (_scalar("pad_id", "INT32"), "preprocessing.pad_id"),
     (_scalar("truncate", "INT32"), "preprocessing.truncate"),
+    (_scalar("truncate_to_fit", "BOOL"), "preprocessing.truncate_to_fit"),
     (_scalar("stream", "BOOL"), "engine.streaming"),
     (_scalar("beam_width", "INT32"), "engine.beam_width"),
     (_scalar("temperature", "FP32"), "engine.temperature"),
@@ -199,12 +255,33 @@ ENSEMBLE_INPUTS: tuple[tuple[Tensor, str], ...] = (
     (_scalar("return_log_probs", "BOOL"), "engine.return_log_probs"),
     (_scalar("return_context_logits", "BOOL"), "engine.return_context_logits"),
     (_scalar("return_generation_logits", "BOOL"), "engine.return_generation_logits"),
+    (_scalar("top_logprobs", "INT32"), "engine.num_top_log_probs"),
+    (_scalar("return_prompt_log_probs", "BOOL"), "engine.return_prompt_log_probs"),
+    (_scalar("skip_special_tokens", "BOOL"), "engine.skip_special_tokens"),
+    (_scalar("include_stop_str_in_output", "BOOL"), "engine.include_stop_str_in_output"),
 )
 
 # Ensemble outputs: every postprocessing output, without the out_ prefix.
 ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = tuple(
     Tensor(t.name.removeprefix("out_"), t.dtype, t.dims) for t in POSTPROCESSING_OUTPUTS
 )
+
+# ---------------------------------------------------------------------------------------------
+# embedding: texts -> vectors (tritonlm/embedding.py). Unlike the models above it is batched
+# (max_batch_size > 0, dynamic batching), so the dims here leave out the batch dimension: a request
+# is [n, 1] texts and gets [n, dimension] vectors; concurrent requests share one forward pass.
+EMBEDDING_INPUTS: tuple[Tensor, ...] = (
+    Tensor("text", "BYTES", (1,), optional=False),
+    Tensor("instruction", "BYTES", (1,)),  # per text, prepended to it; "" or absent: none
+)
+
+EMBEDDING_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("embedding", "FP32", (-1,)),
+    Tensor("token_count", "INT32", (1,)),  # tokens embedded, special tokens included, after truncation
+)
+
+# Texts per forward pass (Triton's max_batch_size); the frontend splits longer input lists.
+EMBEDDING_MAX_BATCH_SIZE = 64
 
 
 def by_name(tensors: tuple[Tensor, ...]) -> dict[str, Tensor]:

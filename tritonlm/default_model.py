@@ -5,7 +5,10 @@ files byte for byte, so tests can compare generations exactly. The tokenizer is 
 trained on `corpus/` (English, code, Chinese, Japanese, emoji) so that streaming has to deal with
 characters split across tokens, and the chat template covers system/user/assistant/tool turns.
 
-    python -m tritonlm.default_model OUT_DIR [--force] [--seed N]
+    python -m tritonlm.default_model OUT_DIR [--force] [--seed N] [--size default|bench]
+
+`--size bench` builds the same kind of model at about 30M parameters (same tokenizer) for
+`make bench`; its EOS logits are pinned to 0 so greedy decoding never stops early (see SIZES).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +38,26 @@ MARKUP_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_re
 # temperature 1 still spreads over a few tokens (top-1 probability ~0.5).
 LOGIT_STD = 8.0
 INIT_STD = 0.1  # hidden projections: large enough that attention/MLP move the residual stream
+
+
+# Shapes by size. "bench" (~29.4M parameters) is big enough that the forward pass, not Python
+# overhead, dominates on a CPU. It never ends a sequence: its lm_head rows for the end tokens are
+# zero, so their logit is exactly 0 while the top logit is ~+25 (LOGIT_STD over 4096 tokens), and
+# greedy decoding yields max_tokens on every server, including peers that have no ignore_eos.
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    no_eos: bool = False
+
+
+SIZES = {
+    "default": Shape(hidden=256, intermediate=512, layers=4, heads=8, kv_heads=4),
+    "bench": Shape(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=4, no_eos=True),
+}
 
 CHAT_TEMPLATE = """\
 {%- macro text(content) -%}
@@ -125,14 +149,15 @@ def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     )
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int, size: str = "default") -> LlamaForCausalLM:
+    shape = SIZES[size]
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,  # GQA on purpose: the engine's KV cache must handle it
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,  # GQA on purpose: the engine's KV cache must handle it
         max_position_embeddings=2048,
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
@@ -159,6 +184,9 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausal
             else:
                 std = INIT_STD
             param.normal_(0.0, std, generator=gen)
+        if shape.no_eos:
+            end_ids = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)]
+            model.lm_head.weight[end_ids] = 0.0
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         # A chat turn ends with <|im_end|>, plain text with <|eos|>: stop on either (as Qwen does).
@@ -169,12 +197,14 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausal
     return model
 
 
-def generate(out_dir: str | Path, seed: int = 0, corpus_dir: Path = CORPUS_DIR) -> Path:
+def generate(
+    out_dir: str | Path, seed: int = 0, corpus_dir: Path = CORPUS_DIR, size: str = "default"
+) -> Path:
     """Write tokenizer, config, generation config and model.safetensors to out_dir; return it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(corpus_texts(corpus_dir))
-    model = build_model(tokenizer, seed)
+    model = build_model(tokenizer, seed, size)
     # save_jinja_files=False keeps chat_template inside tokenizer_config.json, where every reader looks.
     tokenizer.save_pretrained(out, save_jinja_files=False)
     model.save_pretrained(out, safe_serialization=True)
@@ -191,8 +221,11 @@ def count_parameters(model_dir: str | Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Generate the tiny deterministic default model.")
+    parser = argparse.ArgumentParser(
+        description="Generate a tiny deterministic model (default or bench size)."
+    )
     parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--size", choices=sorted(SIZES), default="default")
     parser.add_argument("--force", action="store_true", help="regenerate even if OUT_DIR/config.json exists")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -201,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     hf_logging.disable_progress_bar()  # a one-shard "Writing model shards" bar is just noise here
     start = time.perf_counter()
-    out = generate(args.out_dir, seed=args.seed)
+    out = generate(args.out_dir, seed=args.seed, size=args.size)
     n_params = count_parameters(out)
-    print(f"default model -> {out} ({n_params / 1e6:.2f}M parameters, {time.perf_counter() - start:.1f}s)")
+    print(
+        f"{args.size} model -> {out} ({n_params / 1e6:.2f}M parameters, {time.perf_counter() - start:.1f}s)"
+    )
     return 0
 
 

@@ -150,6 +150,7 @@ class StopStringFilter:
         self._longest = max((len(s) for s in self._stops), default=0)
         self._held = ""
         self.stopped = False
+        self.matched = ""  # the stop string that stopped the stream
 
     def push(self, piece: str) -> str:
         if self.stopped:
@@ -161,6 +162,7 @@ class StopStringFilter:
         if match is not None:
             start, end = match
             self.stopped = True
+            self.matched = text[start:end]
             self._held = ""
             return text[: end if self._include_stop else start]
         keep = self._partial_suffix(text)

@@ -1,8 +1,10 @@
-"""The one exception for a client's mistake, shared by every Triton model of the repository."""
+"""The errors the Triton models report in a way the frontend must recognise."""
 
 # Triton relays a decoupled model's error over the gRPC stream as text only, without its status
 # code, so client mistakes carry this marker in their message; the frontend answers them with 4xx.
 CLIENT_ERROR_MARKER = "[invalid argument]"
+# The engine's waiting queue is full: the frontend answers 429 with Retry-After.
+OVERLOAD_MARKER = "[overloaded]"
 
 
 class InvalidRequest(ValueError):
@@ -10,3 +12,10 @@ class InvalidRequest(ValueError):
 
     def __str__(self) -> str:
         return f"{CLIENT_ERROR_MARKER} {super().__str__()}"
+
+
+def overloaded_message(waiting: int) -> str:
+    return (
+        f"{OVERLOAD_MARKER} the server is overloaded: {waiting} requests are already waiting for the "
+        "engine (max_queue_size); retry later"
+    )

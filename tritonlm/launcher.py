@@ -23,6 +23,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonlm import embedding_config
+
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
 DEFAULT_MODEL_DIR = ROOT / "models" / "default"
@@ -94,6 +96,8 @@ def start_triton(
 ) -> subprocess.Popen:
     command, env = triton_command(work_dir)
     env["MODEL_DIR"] = str(model_dir)
+    if env.get("EMBED_MODEL_DIR"):  # the embedding model may run in another working directory
+        env["EMBED_MODEL_DIR"] = str(Path(env["EMBED_MODEL_DIR"]).resolve())
     command += [
         f"--model-repository={REPOSITORY}",
         f"--http-port={ports.http}",
@@ -114,6 +118,7 @@ def start_frontend(ports: Ports, model_name: str, log_path: Path | None = None) 
         "--port", str(ports.frontend),
         "--triton-url", f"localhost:{ports.grpc}",
         "--model-name", model_name,
+        "--embed-model-name", embedding_config.served_name(),
     ]  # fmt: skip
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115
     return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None)
@@ -167,11 +172,16 @@ def main() -> int:
     ports = Ports.from_env()
     try:
         model_dir = model_dir_from_env()
+        embed_dir = embedding_config.model_dir()  # fails early, with a hint, when there is none
         triton = start_triton(ports, model_dir, ROOT / ".triton" / "tritonserver.log")
-    except SetupError as error:
+    except (SetupError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(f"tritonserver starting (log: .triton/tritonserver.log), model: {model_dir}", flush=True)
+    print(
+        f"tritonserver starting (log: .triton/tritonserver.log), model: {model_dir}, "
+        f"embedding model: {embed_dir}",
+        flush=True,
+    )
     frontend = None
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
@@ -179,7 +189,8 @@ def main() -> int:
         frontend = start_frontend(ports, os.environ.get("SERVED_MODEL_NAME", model_dir.name))
         wait_ready(f"http://localhost:{ports.frontend}/health", frontend, 60, "frontend")
         print(
-            f"serving {model_dir.name}: HTTP API http://localhost:{ports.frontend}  "
+            f"serving {model_dir.name} and {embedding_config.served_name()}: "
+            f"HTTP API http://localhost:{ports.frontend}  "
             f"Triton HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}  (Ctrl-C stops)",
             flush=True,
         )

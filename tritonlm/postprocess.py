@@ -3,6 +3,8 @@
 The responses of one streaming request reach postprocessing as successive requests, in order, all
 carrying the engine's `request_key`; the text of each depends on the tokens before it, so the
 detokenizer and stop-string state live here between calls, until the response with a finish reason.
+How to detokenize (`skip_special_tokens`) and whether a matched stop string stays in the text
+(`include_stop_str_in_output`) are request settings the engine echoes, like the stop words.
 """
 
 from __future__ import annotations
@@ -40,15 +42,21 @@ class _Stream:
     filters: list[StopStringFilter] = field(default_factory=list)
 
     def step(self, tokenizer: Any, beam: int, ids: list[int], final: bool) -> str:
-        while len(self.detokenizers) <= beam:
-            self.detokenizers.append(IncrementalDetokenizer(tokenizer, self.skip_special_tokens))
-            self.filters.append(StopStringFilter(self.stop_strings, self.include_stop))
+        self._grow(tokenizer, beam)
         detok, stop = self.detokenizers[beam], self.filters[beam]
         text = detok.add(ids)
         if final:
             text += detok.flush()
         text = stop.push(text)
         return text + stop.flush() if final else text
+
+    def stop_reason(self, beam: int) -> str:
+        return self.filters[beam].matched if beam < len(self.filters) else ""
+
+    def _grow(self, tokenizer: Any, beam: int) -> None:
+        while len(self.detokenizers) <= beam:
+            self.detokenizers.append(IncrementalDetokenizer(tokenizer, self.skip_special_tokens))
+            self.filters.append(StopStringFilter(self.stop_strings, self.include_stop))
 
 
 class Postprocessor:
@@ -57,7 +65,7 @@ class Postprocessor:
     def __init__(self, tokenizer: Any, max_streams: int = MAX_STREAMS, include_stop: bool = False) -> None:
         self.tokenizer = tokenizer
         self.max_streams = max_streams
-        self.include_stop = include_stop  # keep the matched stop string at the end of the text
+        self.include_stop = include_stop  # default of include_stop_str_in_output when not echoed
         self._special = special_ids(tokenizer)
         self._streams: OrderedDict[int, _Stream] = OrderedDict()
 
@@ -71,36 +79,59 @@ class Postprocessor:
     def process(self, inputs: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
         """One engine response (contract.POSTPROCESSING_INPUTS) -> contract.POSTPROCESSING_OUTPUTS.
 
-        `output_ids` [beam, n] holds this response's new tokens; a non-empty `finish_reason`
-        marks the request's last response, which flushes held-back text and drops the state.
+        `output_ids` [beam, n] holds this response's new tokens (beam b's first sequence_length[b]
+        of them); a non-empty `finish_reason` marks the request's last response, which flushes
+        held-back text and drops the state.
         """
         key = scalar(inputs, "request_key")
         if key is None:
             raise InvalidRequest("request_key is required")
-        ids = self._output_ids(inputs)
+        rows = self._rows(inputs)
         reasons = strings(inputs, "finish_reason")  # strings() drops the "" of unfinished beams
         final = bool(reasons)
 
         stream = self._stream(int(key), inputs)
-        texts = [stream.step(self.tokenizer, b, ids[b].tolist(), final) for b in range(ids.shape[0])]
+        texts = [stream.step(self.tokenizer, b, row, final) for b, row in enumerate(rows)]
+        stop_reasons = [stream.stop_reason(b) if final else "" for b in range(len(rows))]
         if final:
             self._streams.pop(int(key), None)
 
-        first = ids[0].tolist() if ids.shape[0] else []
+        flat = [i for row in rows for i in row]
         out = {
             "text_output": _array("text_output", [t.encode("utf-8") for t in texts]),
-            "token_texts": _array(
-                "token_texts", [t.encode("utf-8") for t in token_texts(self.tokenizer, first)]
-            ),
-            "token_special": _array("token_special", [i in self._special for i in first]),
+            "token_texts": _array("token_texts", self._texts(flat)),
+            "token_special": _array("token_special", [i in self._special for i in flat]),
+            "top_token_texts": self._top_texts(inputs, "top_ids", "top_token_texts"),
+            "prompt_top_token_texts": self._top_texts(inputs, "prompt_top_ids", "prompt_top_token_texts"),
+            "stop_reason": _array("stop_reason", [r.encode("utf-8") for r in stop_reasons]),
         }
         for name in contract.PASSTHROUGH:
-            if inputs.get(name) is not None:
-                out[f"out_{name}"] = inputs[name]
+            value = inputs.get(name)
+            if value is None:  # a caller without this engine output: zeros, empty where dims allow
+                spec = _OUT[f"out_{name}"]
+                shape = tuple(0 if d == -1 else d for d in spec.dims)
+                value = np.zeros(shape, contract.NUMPY_DTYPES[spec.dtype])
+            out[f"out_{name}"] = value
         return out
 
+    def _texts(self, ids: list[int]) -> list[bytes]:
+        return [t.encode("utf-8") for t in token_texts(self.tokenizer, ids)]
+
+    def _top_texts(self, inputs: Mapping[str, np.ndarray | None], source: str, name: str) -> np.ndarray:
+        """The text of each id of a [rows, k] id tensor, alone; "" where the id is -1 (no entry)."""
+        arr = inputs.get(source)
+        if arr is None or np.asarray(arr).ndim != 2:
+            return _array(name, np.zeros((0, 0), dtype=object))
+        arr = np.asarray(arr)
+        ids = [int(i) for i in arr.reshape(-1)]
+        valid = [i for i in ids if 0 <= i < len(self.tokenizer)]
+        texts = iter(self._texts(valid))
+        flat = [next(texts) if 0 <= i < len(self.tokenizer) else b"" for i in ids]
+        return _array(name, np.array(flat, dtype=object).reshape(arr.shape))
+
     @staticmethod
-    def _output_ids(inputs: Mapping[str, np.ndarray | None]) -> np.ndarray:
+    def _rows(inputs: Mapping[str, np.ndarray | None]) -> list[list[int]]:
+        """Each beam's new token ids: its row of output_ids, cut to its sequence_length when given."""
         arr = inputs.get("output_ids")
         if arr is None:
             raise InvalidRequest("output_ids is required")
@@ -109,7 +140,11 @@ class Postprocessor:
             arr = arr[None, :]
         if arr.ndim != 2:
             raise InvalidRequest(f"output_ids must have shape [beam, n], got {list(arr.shape)}")
-        return arr
+        lengths = inputs.get("sequence_length")
+        lengths = np.asarray(lengths).reshape(-1) if lengths is not None else np.zeros(0)
+        if lengths.size != arr.shape[0]:
+            return arr.tolist()
+        return [row[: max(0, int(n))] for row, n in zip(arr.tolist(), lengths.tolist(), strict=True)]
 
     def _stream(self, key: int, inputs: Mapping[str, np.ndarray | None]) -> _Stream:
         stream = self._streams.get(key)
@@ -118,10 +153,12 @@ class Postprocessor:
             return stream
         stop_ids = inputs.get("stop_words_list")
         words = list_to_words(stop_ids) if stop_ids is not None and stop_ids.size else []
+        skip = scalar(inputs, "skip_special_tokens")
+        include = scalar(inputs, "include_stop_str_in_output")
         stream = _Stream(
-            skip_special_tokens=True,
+            skip_special_tokens=True if skip is None else bool(skip),
             stop_strings=[s for s in (self.tokenizer.decode(w) for w in words) if s],
-            include_stop=self.include_stop,
+            include_stop=self.include_stop if include is None else bool(include),
         )
         self._streams[key] = stream
         while len(self._streams) > self.max_streams:

@@ -14,6 +14,8 @@ from tritonlm.sequence import Sequence
 from tritonlm.tokenization import list_to_words
 
 _INPUTS = contract.by_name(contract.ENGINE_INPUTS)
+MAX_TOP_LOG_PROBS = 20
+MAX_BEAM_WIDTH = 16
 
 
 def _scalar(tensors: dict[str, np.ndarray], name: str) -> object:
@@ -47,13 +49,14 @@ def parse_word_list(tensors: dict[str, np.ndarray], name: str, vocab_size: int) 
 def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: int) -> Sequence:
     unimplemented = [n for n in contract.ENGINE_UNIMPLEMENTED if n in tensors]
     _check(not unimplemented, f"{', '.join(unimplemented)}: not supported by this engine yet")
-    for name in ("return_context_logits", "return_generation_logits"):
-        _check(not _scalar(tensors, name), f"{name}: logits outputs are not supported by this engine yet")
     beam_width = _scalar(tensors, "beam_width")
-    _check(beam_width == 1, f"beam_width: only 1 is supported by this engine yet, got {beam_width}")
-    for name in ("len_penalty", "early_stopping"):  # beam search settings: meaningless without beams
-        value = _scalar(tensors, name)
-        _check(value == _INPUTS[name].default, f"{name}: only applies to beam search (beam_width > 1)")
+    _check(
+        1 <= beam_width <= MAX_BEAM_WIDTH, f"beam_width: must be in [1, {MAX_BEAM_WIDTH}], got {beam_width}"
+    )
+    if beam_width == 1:  # beam search settings: meaningless without beams
+        for name in ("len_penalty", "early_stopping"):
+            value = _scalar(tensors, name)
+            _check(value == _INPUTS[name].default, f"{name}: only applies to beam search (beam_width > 1)")
 
     ids = tensors["input_ids"].reshape(-1).astype(np.int64)
     length = _scalar(tensors, "input_lengths")
@@ -82,6 +85,7 @@ def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: 
         _check(ok, f"{name}: must be in {'(' if low_open else '['}{low}, {high}], got {value}")
         return value
 
+    streaming = bool(_scalar(tensors, "streaming"))
     params = SamplingParams(
         temperature=number("temperature", 0.0, math.inf),
         top_k=int(number("runtime_top_k", 0, 2**31 - 1)),
@@ -97,7 +101,26 @@ def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: 
         watermark=bool(_scalar(tensors, "watermark")),
         bad_words=parse_word_list(tensors, "bad_words_list", vocab_size),
         return_log_probs=bool(_scalar(tensors, "return_log_probs")),
+        num_top_log_probs=int(number("num_top_log_probs", 0, MAX_TOP_LOG_PROBS)),
+        return_prompt_log_probs=bool(_scalar(tensors, "return_prompt_log_probs")),
+        return_context_logits=bool(_scalar(tensors, "return_context_logits")),
+        return_generation_logits=bool(_scalar(tensors, "return_generation_logits")),
     )
+    if params.num_top_log_probs or params.return_prompt_log_probs:
+        _check(params.return_log_probs, "num_top_log_probs and return_prompt_log_probs need return_log_probs")
+    len_penalty = number("len_penalty", -math.inf, math.inf)
+    early_stopping = int(_scalar(tensors, "early_stopping"))
+    stop_words = parse_word_list(tensors, "stop_words_list", vocab_size)
+    params.stop_token_ids = [w[0] for w in stop_words if len(w) == 1]
+    if beam_width > 1:  # what beam search cannot honour is refused, never ignored
+        _check(params.greedy, "beam_width: beam search is deterministic; leave temperature/top_k/top_p unset")
+        _check(not streaming, "streaming: beam search answers with one final response; set it false")
+        _check(not params.return_generation_logits, "return_generation_logits: not with beam search")
+        _check(
+            all(len(w) == 1 for w in stop_words),
+            "stop_words_list: beam search supports single-token stop words only",
+        )
+        _check(not params.watermark, "watermark: not available with beam search")
     if "pad_id" in tensors:  # packed batches never pad; still, a bad id is the client's mistake
         number("pad_id", 0, vocab_size - 1)
     if "embedding_bias" in tensors:
@@ -108,6 +131,11 @@ def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: 
         prompt_ids=ids.tolist(),
         max_new_tokens=max_new,
         params=params,
-        streaming=bool(_scalar(tensors, "streaming")),
-        stop_words=parse_word_list(tensors, "stop_words_list", vocab_size),
+        streaming=streaming,
+        stop_words=stop_words,
+        beam_width=beam_width,
+        len_penalty=len_penalty,
+        early_stopping=early_stopping,
+        skip_special_tokens=bool(_scalar(tensors, "skip_special_tokens")),
+        include_stop_str_in_output=bool(_scalar(tensors, "include_stop_str_in_output")),
     )

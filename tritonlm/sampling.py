@@ -34,7 +34,12 @@ class SamplingParams:
     watermark: bool = False
     embedding_bias: torch.Tensor | None = None  # [vocab]
     bad_words: list[list[int]] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)  # single-token stop words (min_length)
     return_log_probs: bool = False
+    num_top_log_probs: int = 0  # alternatives reported per token (needs return_log_probs)
+    return_prompt_log_probs: bool = False
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -106,8 +111,9 @@ def _banned_tokens(s: SamplerInput) -> list[int]:
     for word in p.bad_words:
         if len(word) == 1 or tokens[len(tokens) - len(word) + 1 :] == word[:-1]:
             banned.append(word[-1])
-    if p.end_id >= 0 and len(s.output_ids) < p.min_length:
-        banned.append(p.end_id)
+    if len(s.output_ids) < p.min_length:  # no ending before min_length, by end id or stop token
+        banned += [p.end_id] if p.end_id >= 0 else []
+        banned += p.stop_token_ids
     return banned
 
 
@@ -144,11 +150,9 @@ def _filter(logits: torch.Tensor, batch: list[SamplerInput]) -> torch.Tensor:
     return logits
 
 
-@torch.inference_mode()
-def sample(logits: torch.Tensor, batch: list[SamplerInput]) -> tuple[list[int], list[float] | None]:
-    """Chooses one token per row of `logits` [batch, vocab]; returns the tokens and their log-probs
-    (None unless a request asked for them)."""
-    logits = logits.float()
+def process_logits(logits: torch.Tensor, batch: list[SamplerInput]) -> torch.Tensor:
+    """Embedding bias, penalties, banned tokens (no-repeat n-grams, bad words, min_length) and the
+    watermark, in place on float `logits` [batch, vocab] (beam search runs it on log probs)."""
     for i, s in enumerate(batch):
         if s.params.embedding_bias is not None:
             logits[i] += s.params.embedding_bias.to(logits.device)
@@ -160,7 +164,39 @@ def sample(logits: torch.Tensor, batch: list[SamplerInput]) -> tuple[list[int], 
         if s.params.watermark:
             previous = (s.prompt_ids + s.output_ids)[-1]
             logits[i, _watermark_greenlist(previous, logits.shape[1], logits.device)] += WATERMARK_DELTA
+    return logits
 
+
+@dataclass
+class LogProbs:
+    """Log probs of one step's chosen tokens (`log_probs[i]` for row i), and for rows that asked for
+    alternatives, the best `num_top_log_probs` (ids and log probs, best first)."""
+
+    chosen: list[float]
+    top_ids: dict[int, list[int]]
+    top_values: dict[int, list[float]]
+
+    def __getitem__(self, row: int) -> float:
+        return self.chosen[row]
+
+
+def top_alternatives(log_probs: torch.Tensor, rows: list[int], ks: list[int]) -> tuple[dict, dict]:
+    """The best `ks[j]` entries of `log_probs[rows[j]]`, as ({row: ids}, {row: values})."""
+    if not rows:
+        return {}, {}
+    values, ids = log_probs[rows].topk(max(ks), dim=-1)
+    values, ids = values.tolist(), ids.tolist()
+    return (
+        {r: ids[j][: ks[j]] for j, r in enumerate(rows)},
+        {r: values[j][: ks[j]] for j, r in enumerate(rows)},
+    )
+
+
+@torch.inference_mode()
+def sample(logits: torch.Tensor, batch: list[SamplerInput]) -> tuple[list[int], LogProbs | None]:
+    """Chooses one token per row of `logits` [batch, vocab]; returns the tokens and their log-probs
+    (None unless a request asked for them)."""
+    logits = process_logits(logits.float(), batch)
     temperature = torch.tensor(
         [1.0 if s.params.greedy else s.params.temperature for s in batch], device=logits.device
     )[:, None]
@@ -179,4 +215,6 @@ def sample(logits: torch.Tensor, batch: list[SamplerInput]) -> tuple[list[int], 
     chosen = tokens.tolist()
     if log_probs is None:
         return chosen, None
-    return chosen, log_probs.gather(1, tokens[:, None]).squeeze(1).tolist()
+    rows = [i for i, s in enumerate(batch) if s.params.num_top_log_probs]
+    top_ids, top_values = top_alternatives(log_probs, rows, [batch[i].params.num_top_log_probs for i in rows])
+    return chosen, LogProbs(log_probs.gather(1, tokens[:, None]).squeeze(1).tolist(), top_ids, top_values)

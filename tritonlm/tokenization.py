@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,15 +16,42 @@ def load_tokenizer(model_dir: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
 
 
-def encode_prompt(tokenizer: Any, text: str, truncate: int | None = None) -> list[int]:
-    """Prompt ids with the tokenizer's own special tokens (a BOS where it is configured to add one).
+def encode_prompt(
+    tokenizer: Any, text: str, truncate: int | None = None, add_special_tokens: bool = True
+) -> list[int]:
+    """Prompt ids with the tokenizer's own special tokens (a BOS where it is configured to add one);
+    a rendered chat template already has them, hence `add_special_tokens=False` for chats.
 
     `truncate` keeps the last N ids, as TGI does: the end of a prompt matters most to the reply.
     """
-    ids = list(tokenizer.encode(text, add_special_tokens=True))
+    ids = list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
     if truncate is not None and len(ids) > truncate:
         ids = ids[len(ids) - truncate :]
     return ids
+
+
+def render_chat(tokenizer: Any, messages: list[dict], template_kwargs: dict[str, Any]) -> str:
+    """The prompt text of a conversation: the tokenizer's chat template with the generation prompt
+    (the start of the assistant's turn); `template_kwargs` become extra template variables
+    (e.g. `enable_thinking`). Raises jinja2's TemplateError (or TypeError …) for messages the
+    template rejects, ValueError when the tokenizer has no chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model has no chat template; send a plain prompt instead")
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+    )
+
+
+def generation_eos_ids(model_dir: str | Path) -> list[int]:
+    """The EOS ids of the checkpoint's generation_config.json (a list for chat models such as Qwen,
+    whose turns end with <|im_end|>); [] when there is none."""
+    path = Path(model_dir) / "generation_config.json"
+    if not path.exists():
+        return []
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    if eos is None:
+        return []
+    return [int(i) for i in (eos if isinstance(eos, list) else [eos])]
 
 
 def words_to_list(tokenizer: Any, words: Sequence[str]) -> np.ndarray:

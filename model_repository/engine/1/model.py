@@ -16,8 +16,9 @@ import triton_python_backend_utils as pb_utils
 from tritonlm import contract, triton_glue
 from tritonlm.detokenizer import IncrementalDetokenizer
 from tritonlm.engine import Engine
+from tritonlm.errors import overloaded_message
 from tritonlm.model_runner import EngineSettings, ModelRunner
-from tritonlm.outputs import response_tensors
+from tritonlm.outputs import beam_response_tensors, response_tensors
 from tritonlm.request import InvalidRequest, parse_request
 from tritonlm.sequence import Sequence
 from tritonlm.tokenization import load_tokenizer
@@ -35,6 +36,12 @@ class TritonPythonModel:
         # (sequence, first token, end token, finish reason) as they were when the engine reported them
         self.outbox: queue.Queue[tuple[Sequence, int, int, str] | None] = queue.Queue()
         self.senders: dict[int, object] = {}  # Sequence.key -> response sender
+        # Sequence.key -> the outputs its client asked for, when not all (Triton would drop the
+        # others anyway; not building them saves the copies through the backend)
+        self.wanted: dict[int, set[str]] = {}
+        self.all_outputs = {t.name for t in contract.ENGINE_OUTPUTS}
+        self.cancelled: set[int] = set()  # keys of requests found cancelled by the watcher thread
+        self.stopping = False
         self.engine = Engine(
             self.runner,
             on_output=lambda seq, n: self.outbox.put(
@@ -47,6 +54,7 @@ class TritonPythonModel:
             threading.Thread(target=self.engine.run, name="engine-loop", daemon=True),
             threading.Thread(target=self._send_loop, name="engine-sender", daemon=True),
             threading.Thread(target=self._metrics_loop, name="engine-metrics", daemon=True),
+            threading.Thread(target=self._cancel_loop, name="engine-cancel", daemon=True),
         ]
         for thread in self.threads:
             thread.start()
@@ -64,9 +72,20 @@ class TritonPythonModel:
                 continue
             # Stop words also match as text, so a stop string split differently across tokens still stops.
             seq.stop_strings = [s for s in (self.tokenizer.decode(w) for w in seq.stop_words) if s]
-            seq.is_cancelled = sender.is_cancelled
+            seq.is_cancelled = lambda key=seq.key: key in self.cancelled
             self.senders[seq.key] = sender
-            self.engine.add(seq)
+            wanted = set(request.requested_output_names())
+            if wanted and wanted != self.all_outputs:
+                self.wanted[seq.key] = wanted
+            if not self.engine.add(seq):  # the waiting queue is full: refuse now, do not queue
+                del self.senders[seq.key]
+                self.wanted.pop(seq.key, None)
+                message = overloaded_message(self.engine.stats()["waiting"])
+                error = pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE)
+                sender.send(
+                    pb_utils.InferenceResponse(error=error),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
         return None
 
     def _send_loop(self) -> None:
@@ -77,12 +96,23 @@ class TritonPythonModel:
                 continue
             first = first if seq.streaming else 0
             sender = self.senders.pop(seq.key) if done else self.senders[seq.key]
+            if done:
+                self.cancelled.discard(seq.key)
+            wanted = self.wanted.pop(seq.key, None) if done else self.wanted.get(seq.key)
             if seq.error:
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(seq.error))
             else:
-                tensors = response_tensors(seq, first, end, finish_reason)
+                tensors = (
+                    beam_response_tensors(seq, seq.group.results, seq.group.finish_reasons())
+                    if seq.group is not None and seq.group.results
+                    else response_tensors(seq, first, end, finish_reason)
+                )
                 response = pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]
+                    output_tensors=[
+                        pb_utils.Tensor(name, value)
+                        for name, value in tensors.items()
+                        if wanted is None or name in wanted
+                    ]
                 )
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if done else 0
             try:
@@ -90,38 +120,83 @@ class TritonPythonModel:
             except Exception as error:  # the client is gone; the engine already dropped the request
                 log.info("could not send a response for request %d: %s", seq.key, error)
 
+    def _cancel_loop(self) -> None:
+        """Asks Triton every 50 ms which requests were cancelled. Each `is_cancelled` is a round
+        trip to the server (~0.3 ms), too slow for the engine loop to make for every sequence of
+        every step; the loop reads the set this thread fills."""
+        while not self.stopping:
+            for key, sender in list(self.senders.items()):
+                if key not in self.cancelled and sender.is_cancelled():
+                    self.cancelled.add(key)
+            time.sleep(0.05)
+
     def _metrics_loop(self) -> None:
         while True:
-            self.metrics.update(self.engine.stats())
+            try:
+                self.metrics.update(self.engine)
+            except Exception:  # metrics must never take the engine down
+                log.exception("could not update the engine metrics")
             time.sleep(0.1)
 
     def finalize(self) -> None:
+        self.stopping = True
         self.engine.stop()
         self.outbox.put(None)
 
 
 class _Metrics:
-    """Engine statistics as Triton custom metrics (served on Triton's metrics port)."""
+    """Engine statistics as Triton custom metrics (served on Triton's metrics port):
+
+    - gauges `tritonlm_engine{stat=...}`: running, waiting, kv_blocks_used/free/total,
+      prefix_cache_hit_rate (cached / looked-up prompt tokens since start-up), and the since-start-up
+      totals steps, max_batch_size_seen, tokens_generated, preemptions, prefix_cache_queries/hits;
+    - counters `tritonlm_preemptions_total`, `tritonlm_generated_tokens_total`;
+    - histograms `tritonlm_time_to_first_token_seconds` (arrival to first token, per request) and
+      `tritonlm_time_per_output_token_seconds` (mean gap between a request's later tokens).
+    """
+
+    TTFT_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+    TPOT_BUCKETS = [0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5]
 
     def __init__(self) -> None:
-        # The family must outlive its metrics, so it is kept on the object.
-        self.family = gauges = pb_utils.MetricFamily(
-            name="tritonlm_engine",
-            description="in-flight batching engine state",
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        self.gauges = {
-            name: gauges.Metric(labels={"stat": name})
-            for name in (
-                "running",
-                "waiting",
-                "free_slots",
-                "steps",
-                "max_batch_size_seen",
-                "tokens_generated",
-            )
+        # Families must outlive their metrics, so they are kept on the object.
+        family = pb_utils.MetricFamily
+        self.gauge_family = family("tritonlm_engine", "in-flight batching engine state", family.GAUGE)
+        self.gauges: dict[str, object] = {}
+        self.last: dict[str, float] = {}
+        self.counter_families = {
+            "preemptions": family(
+                "tritonlm_preemptions_total", "running requests paused for lack of KV blocks", family.COUNTER
+            ),
+            "tokens_generated": family("tritonlm_generated_tokens_total", "tokens generated", family.COUNTER),
+        }
+        self.counters = {name: f.Metric(labels={}) for name, f in self.counter_families.items()}
+        self.histogram_families = {
+            "ttft": family(
+                "tritonlm_time_to_first_token_seconds", "request arrival to first token", family.HISTOGRAM
+            ),
+            "tpot": family(
+                "tritonlm_time_per_output_token_seconds",
+                "mean time between a request's tokens after the first",
+                family.HISTOGRAM,
+            ),
+        }
+        self.histograms = {
+            "ttft": self.histogram_families["ttft"].Metric(labels={}, buckets=self.TTFT_BUCKETS),
+            "tpot": self.histogram_families["tpot"].Metric(labels={}, buckets=self.TPOT_BUCKETS),
         }
 
-    def update(self, stats: dict[str, int]) -> None:
+    def update(self, engine: Engine) -> None:
+        stats = engine.stats()
         for name, value in stats.items():
+            if self.last.get(name) == value:
+                continue  # each update is a message to the server: send changes only
+            if name not in self.gauges:
+                self.gauges[name] = self.gauge_family.Metric(labels={"stat": name})
             self.gauges[name].set(value)
+            if name in self.counters:
+                self.counters[name].increment(value - self.last.get(name, 0))
+            self.last[name] = value
+        while engine.latencies:
+            kind, seconds = engine.latencies.popleft()
+            self.histograms[kind].observe(seconds)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from tritonlm import contract, triton_glue
-from tritonlm.preprocess import Preprocessor
-from tritonlm.tokenization import load_tokenizer
+from tritonlm.preprocess import Preprocessor, max_seq_len
+from tritonlm.tokenization import generation_eos_ids, load_tokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        model_dir = triton_glue.model_dir(triton_glue.parameters(args))
-        self.preprocessor = Preprocessor(load_tokenizer(model_dir))
+        params = triton_glue.parameters(args)
+        model_dir = triton_glue.model_dir(params)
+        self.preprocessor = Preprocessor(
+            load_tokenizer(model_dir),
+            max_seq_len=max_seq_len(model_dir, params.get("max_seq_len", "")),
+            extra_eos_ids=generation_eos_ids(model_dir),
+        )
 
     def execute(self, requests: list) -> list:
         return triton_glue.respond_each(requests, contract.PREPROCESSING_INPUTS, self.preprocessor.process)

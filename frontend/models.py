@@ -1,0 +1,49 @@
+"""The two served models and which requests each answers: one helper checks a request's model name.
+
+`app.state.model_name` is the generative model (TGI, chat, completions); `app.state.embed_model_name`
+the embedding model. Every OpenAI or Databricks route resolves the name it was given here, so a
+request for the wrong kind of model gets the same clear 4xx everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import Request
+
+from frontend.errors import APIError
+
+Task = Literal["generate", "embed"]
+
+_WHAT = {"generate": "a text generation model", "embed": "an embedding model"}
+_CANNOT = {"generate": "generate text", "embed": "make embeddings"}
+
+
+def served(request: Request) -> dict[str, Task]:
+    """Served model names and their task, the generative model first."""
+    state = request.app.state
+    return {state.model_name: "generate", state.embed_model_name: "embed"}
+
+
+def resolve_model(request: Request, name: str | None, task: Task) -> str:
+    """The served name of the model for `task`. `name` None means that model; a name of the other
+    model gets 400, an unknown name 404 (OpenAI's model_not_found)."""
+    models = served(request)
+    wanted = next(n for n, t in models.items() if t == task)
+    if name is None or name == wanted:
+        return wanted
+    if name in models:
+        raise APIError(
+            400,
+            f"model '{name}' is {_WHAT[models[name]]}; it cannot {_CANNOT[task]}: use '{wanted}'",
+            "invalid_request_error",
+            param="model",
+        )
+    listing = ", ".join(f"'{n}' ({_WHAT[t]})" for n, t in models.items())
+    raise APIError(
+        404,
+        f"the model '{name}' does not exist; this server has {listing}",
+        "invalid_request_error",
+        param="model",
+        code="model_not_found",
+    )

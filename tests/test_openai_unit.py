@@ -1,0 +1,419 @@
+"""The OpenAI and Databricks routes without Triton: what reaches the ensemble, response and stream
+shapes, errors, fan-out and cancellation, against a fake Triton."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from test_frontend_unit import ENDLESS, FakeTriton, _run_asgi, ensemble_inputs, events, response
+
+from frontend.app import create_app
+from frontend.errors import APIError
+from frontend.triton import ENSEMBLE, classify_error
+
+MESSAGES = [{"role": "user", "content": "Hi"}]
+
+
+def client(fake: FakeTriton, **kwargs):
+    from fastapi.testclient import TestClient
+
+    return TestClient(create_app("-", "m", triton=fake, embed_model_name="e", **kwargs))
+
+
+def chat(fake: FakeTriton, **body):
+    return client(fake).post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES, **body})
+
+
+def completion(fake: FakeTriton, **body):
+    return client(fake).post("/v1/completions", json={"model": "m", "prompt": "Hi", **body})
+
+
+def all_inputs(fake: FakeTriton) -> list[dict[str, np.ndarray]]:
+    return [inputs for model, inputs in fake.calls if model == ENSEMBLE]
+
+
+def values(inputs: dict[str, np.ndarray]) -> dict[str, object]:
+    out = {}
+    for name, array in inputs.items():
+        items = [v.decode() if isinstance(v, bytes) else v.item() for v in array.reshape(-1)]
+        out[name] = items[0] if array.size == 1 and name not in ("stop_words", "stop_token_ids") else items
+    return out
+
+
+class SeededFake(FakeTriton):
+    """Each request's sequence depends on its random_seed (its cum_log_prob is -seed)."""
+
+    async def stream(self, model, inputs):
+        self.calls.append((model, inputs))
+        seed = int(inputs["random_seed"][0]) if "random_seed" in inputs else 0
+        out = response([(seed, f"s{seed}", -1.0, False)], finish="length")
+        out["cum_log_probs"] = np.array([[-float(seed)]], dtype=np.float32)
+        yield out
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: OpenAI's shape and statuses on /v1 and /serving-endpoints; TGI's elsewhere.
+
+
+def test_validation_errors_are_400_in_openai_shape_and_tgi_keeps_422():
+    fake = FakeTriton()
+    r = chat(fake, temperature=3)
+    assert r.status_code == 400
+    assert r.json() == {
+        "error": {
+            "message": "temperature: must be a number in [0.0, 2.0], got 3",
+            "type": "invalid_request_error",
+            "param": "temperature",
+            "code": None,
+        }
+    }
+    r = client(fake).post("/v1/chat/completions", content=b"{", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    assert client(fake).get("/v1/nothing").json()["error"]["type"] == "invalid_request_error"
+    r = client(fake).post("/", json={"inputs": "Hi", "parameters": {"top_k": 0}})
+    assert r.status_code == 422 and r.json()["error_type"] == "validation"
+    assert not fake.calls
+
+
+def test_model_errors_before_the_first_token_get_a_status():
+    error = APIError(
+        *classify_error("in ensemble 'ensemble', [invalid argument] request_output_len: too big")
+    )
+    for stream in (False, True):
+        r = completion(FakeTriton(error=error), stream=stream, max_tokens=9)
+        assert r.status_code == 400
+        assert r.json()["error"] == {
+            "message": "max_tokens: too big",
+            "type": "invalid_request_error",
+            "param": "max_tokens",
+            "code": None,
+        }
+
+
+def test_errors_after_the_stream_started_are_an_event_then_done():
+    fake = FakeTriton(error=APIError(500, "inference failed: engine died"), error_after=1)
+    r = chat(fake, stream=True)
+    assert r.status_code == 200
+    chunks = [c for c in r.text.split("\n\n") if c]
+    assert chunks[-1] == "data: [DONE]"
+    assert json.loads(chunks[-2].removeprefix("data: ")) == {
+        "error": {
+            "message": "inference failed: engine died",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# What reaches the ensemble.
+
+
+def test_greedy_chat_inputs():
+    fake = FakeTriton()
+    r = chat(fake, temperature=0, max_tokens=5, chat_template_kwargs={"enable_thinking": False})
+    assert r.status_code == 200, r.text
+    sent = values(ensemble_inputs(fake))
+    assert sent == {
+        "chat_messages": json.dumps(MESSAGES),
+        "chat_template_kwargs": json.dumps({"enable_thinking": False}),
+        "max_tokens": 5,
+        "stream": False,
+        "temperature": 0.0,
+    }
+
+
+def test_sampling_and_stop_inputs():
+    fake = FakeTriton()
+    body = {
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 7,
+        "seed": 3,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "repetition_penalty": 1.1,
+        "stop": "END",
+        "stop_token_ids": [5, 6],
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+        "include_stop_str_in_output": True,
+        "min_tokens": 2,
+        "logprobs": 3,
+        "echo": True,
+    }
+    assert completion(fake, **body).status_code == 200
+    sent = values(ensemble_inputs(fake))
+    assert sent["temperature"] == 0.5 and sent["top_p"] == pytest.approx(0.9) and sent["top_k"] == 7
+    assert sent["random_seed"] == 3 and sent["min_length"] == 2
+    assert sent["presence_penalty"] == 0.5 and sent["frequency_penalty"] == -0.5
+    assert sent["repetition_penalty"] == pytest.approx(1.1)
+    assert sent["stop_words"] == ["END"] and sent["stop_token_ids"] == [5, 6]
+    assert sent["ignore_eos"] is True and sent["skip_special_tokens"] is False
+    assert sent["include_stop_str_in_output"] is True
+    assert sent["return_log_probs"] is True and sent["top_logprobs"] == 3
+    assert sent["return_prompt_log_probs"] is True  # echo with logprobs lists the prompt's too
+    assert sent["text_input"] == "Hi" and "max_tokens" not in sent  # absent: fill the context
+
+
+def test_n_fans_out_with_consecutive_seeds():
+    fake = SeededFake()
+    body = completion(fake, n=3, seed=10, temperature=1).json()
+    assert [values(i)["random_seed"] for i in all_inputs(fake)] == [10, 11, 12]
+    assert [c["text"] for c in body["choices"]] == ["s10", "s11", "s12"]
+    assert body["usage"]["completion_tokens"] == 3
+
+
+def test_best_of_keeps_the_most_likely():
+    fake = SeededFake()
+    body = completion(fake, n=2, best_of=4, seed=1).json()
+    assert len(all_inputs(fake)) == 4
+    assert all(values(i)["return_log_probs"] is True for i in all_inputs(fake))
+    assert [c["text"] for c in body["choices"]] == ["s1", "s2"]  # cum_log_prob -seed: lowest seeds win
+    assert body["choices"][0]["logprobs"] is None
+
+
+def _beams() -> dict[str, np.ndarray]:
+    out = response([(7, "a", -0.5, False), (8, "b", -0.5, False)], finish="length")
+    out["output_ids"] = np.array([[7, 8], [9, 0]], dtype=np.int32)
+    out["sequence_length"] = np.array([2, 1], dtype=np.int32)
+    out["text_output"] = np.array([b"ab", b"c"], dtype=object)
+    out["token_texts"] = np.array([b"a", b"b", b"c"], dtype=object)
+    out["finish_reason"] = np.array([b"length", b"end_id"], dtype=object)
+    out["output_log_probs"] = np.array([[[-0.5, -0.5], [-0.1, 0.0]]], dtype=np.float32)
+    return out
+
+
+def test_beam_search():
+    fake = FakeTriton([_beams()])
+    body = completion(fake, use_beam_search=True, n=2, logprobs=0, max_tokens=2).json()
+    sent = values(ensemble_inputs(fake))
+    assert sent["beam_width"] == 2 and sent["stream"] is False
+    assert not {"temperature", "top_p", "top_k", "random_seed"} & set(sent)
+    assert [(c["text"], c["finish_reason"]) for c in body["choices"]] == [("ab", "length"), ("c", "stop")]
+    assert body["choices"][1]["logprobs"]["tokens"] == ["c"]
+    assert body["usage"]["completion_tokens"] == 3
+    # Streamed: one chunk with both choices, then [DONE].
+    r = completion(FakeTriton([_beams()]), use_beam_search=True, n=2, stream=True)
+    [chunk] = events(r.text.replace("data: [DONE]\n\n", ""))
+    assert [c["index"] for c in chunk["choices"]] == [0, 1] and chunk["usage"]["completion_tokens"] == 3
+    for patch in ({"temperature": 0.5}, {"stop": "x"}, {"top_k": 3}):
+        assert completion(FakeTriton(), use_beam_search=True, **patch).status_code == 400
+
+
+# ---------------------------------------------------------------------------------------------
+# Response and stream shapes.
+
+
+def test_chat_response_and_usage_extras():
+    responses = [
+        {**response([(10, "Hello", -0.5, False)]), "batch_size": np.array([1], np.int32),
+         "queue_wait_us": np.array([40], np.int64), "decode_ms": np.array([9.6], np.float32),
+         "prefill_ms": np.array([9.4], np.float32), "cached_tokens": np.array([2], np.int32)},
+        {**response([(11, "!", -0.25, False)], finish="stop_words"), "batch_size": np.array([2], np.int32),
+         "queue_wait_us": np.array([7], np.int64), "decode_ms": np.array([3.2], np.float32)},
+    ]  # fmt: skip
+    body = chat(FakeTriton(responses)).json()
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hello!", "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ]
+    assert body["usage"] == {
+        "prompt_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 2},
+        "completion_tokens": 2,
+        "total_tokens": 6,
+        "batch_size": [1, 2],
+        "queue_wait_time": [40, 7],
+    }
+    assert body["prefill_time"] == 9 and body["decode_time_arr"] == [3]
+
+
+def test_stream_with_two_choices():
+    r = chat(FakeTriton(), stream=True, n=2)
+    chunks = events(r.text.replace("data: [DONE]\n\n", ""))
+    assert r.text.endswith("data: [DONE]\n\n")
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert "".join(c["delta"]["content"] for c in mine) == "Hello, world"
+        assert [c["finish_reason"] for c in mine] == [None, None, "stop"]
+    assert ["usage" in c for c in chunks] == [False] * (len(chunks) - 1) + [True]
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+    r = chat(FakeTriton(), stream=True, stream_options={"include_usage": False})
+    assert all("usage" not in c for c in events(r.text.replace("data: [DONE]\n\n", "")))
+
+
+def test_full_text_stream_setting(monkeypatch):
+    r = client(FakeTriton(), stream_full_text=True).post(
+        "/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
+    )
+    chunks = events(r.text.replace("data: [DONE]\n\n", ""))
+    assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["Hello", "Hello, world", "Hello, world"]
+    assert chunks[-1]["full_text"] == "Hello, world" and "full_text" not in chunks[0]
+    monkeypatch.setenv("TRITONLM_STREAM_FULL_TEXT", "1")
+    r = client(FakeTriton()).post("/v1/completions", json={"model": "m", "prompt": "Hi", "stream": True})
+    assert events(r.text.replace("data: [DONE]\n\n", ""))[-1]["full_text"] == "Hello, world"
+
+
+def test_completion_logprobs_and_echo():
+    r = completion(FakeTriton(), logprobs=0, echo=True, suffix=None)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"  # Databricks only
+    body = completion(FakeTriton(), logprobs=0).json()
+    lp = body["choices"][0]["logprobs"]
+    assert lp["tokens"] == ["Hello", ",", " world", ""]
+    assert lp["text_offset"] == [0, 5, 6, 12]
+    assert lp["token_logprobs"] == [-0.5, -0.25, -1.0, pytest.approx(-0.1)]
+    assert lp["top_logprobs"][0] == {"Hello": -0.5}
+    fake = FakeTriton()
+    body = completion(fake, logprobs=0, echo=True).json()
+    assert body["choices"][0]["text"] == "HiHello, world"
+    lp = body["choices"][0]["logprobs"]
+    assert lp["tokens"][:2] == ["<s>", "Hi"] and lp["token_logprobs"][0] is None  # the prompt's, first
+    assert lp["text_offset"][:3] == [0, 3, 5]
+
+
+# ---------------------------------------------------------------------------------------------
+# Model names, Databricks dispatch.
+
+
+def test_model_names():
+    r = chat(FakeTriton(), model="other")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert chat(FakeTriton(), model="e").status_code == 400  # the embedding model
+
+
+def test_databricks_tasks(monkeypatch):
+    fake = FakeTriton()
+    c = client(fake)
+    body = c.post("/serving-endpoints/m/invocations", json={"messages": MESSAGES}).json()
+    assert body["object"] == "chat.completions" and set(body["usage"]) == {
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+    }
+    body = c.post("/serving-endpoints/m/invocations", json={"prompt": ["a", "b"], "suffix": "."}).json()
+    assert [ch["text"] for ch in body["choices"]] == ["Hello, world."] * 2
+    assert body["usage"]["prompt_tokens"] == 8
+    sent = c.post(
+        "/serving-endpoints/completions", json={"model": "m", "prompt": "a", "error_behavior": "truncate"}
+    )
+    assert sent.status_code == 200 and values(ensemble_inputs(fake))["truncate_to_fit"] is True
+    assert c.post("/serving-endpoints/x/invocations", json={"prompt": "a"}).status_code == 404
+
+    async def fake_embeddings(request, name, body):
+        return {"embedded": name, "input": body["input"]}
+
+    import frontend.embeddings
+
+    monkeypatch.setattr(frontend.embeddings, "embeddings_invocation", fake_embeddings)
+    r = c.post("/serving-endpoints/e/invocations", json={"input": "x"})
+    assert r.json() == {"embedded": "e", "input": "x"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Disconnects cancel every Triton request of a fanned-out stream.
+
+
+class CountingFake(FakeTriton):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.finished = 0
+
+    async def stream(self, model, inputs):
+        try:
+            async for out in super().stream(model, inputs):
+                yield out
+        finally:
+            self.finished += 1
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_cancels_every_sequence(stream):
+    async def scenario():
+        fake = CountingFake(ENDLESS, delay=0.01)
+        body = {"model": "m", "messages": MESSAGES, "stream": stream, "n": 2}
+        app = create_app("-", "m", triton=fake)
+        await _run_asgi_at(app, "/v1/chat/completions", body, 3 if stream else None)
+        await asyncio.sleep(0.1)
+        started = len(fake.calls)
+        assert fake.finished == started and not fake.completed
+        assert started == 2
+
+    asyncio.run(scenario())
+
+
+async def _run_asgi_at(app, path: str, body: dict, chunks: int | None) -> list[dict]:
+    async def routed(scope, receive, send):
+        await app({**scope, "path": path, "raw_path": path.encode()}, receive, send)
+
+    return await _run_asgi(routed, body, chunks)
+
+
+# ---------------------------------------------------------------------------------------------
+# The frontend runs the ensemble's steps itself (frontend.pipeline), wired as the ensemble is.
+
+
+class StepsFake:
+    """Preprocessing, engine and postprocessing as a recording fake."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        self.engine_closed = False
+
+    async def infer(self, model, inputs):
+        self.calls.append((model, inputs))
+        if model == "preprocessing":
+            return {
+                "input_ids": np.array([[5, 6]], np.int32),
+                "out_end_id": np.array([1], np.int32),
+                "request_output_len": np.array([[3]], np.int32),
+                "input_token_texts": np.array([b"a", b"b"], dtype=object),
+            }
+        return {"text_output": np.array([b"x"], dtype=object), "out_output_ids": inputs["output_ids"]}
+
+    async def stream(self, model, inputs):
+        self.calls.append((model, inputs))
+        try:
+            for i in range(3):
+                yield {"output_ids": np.array([[i]], np.int32), "request_key": np.array([9], np.uint64)}
+        finally:
+            self.engine_closed = True
+
+    async def ready(self, models):
+        return True
+
+
+def test_pipeline_wires_the_steps_like_the_ensemble():
+    from frontend.pipeline import Pipeline
+
+    async def scenario():
+        fake = StepsFake()
+        pipeline = Pipeline(fake)
+        inputs = {
+            "text_input": np.array([b"Hi"], dtype=object),
+            "top_k": np.array([4], np.int32),
+            "stream": np.array([True]),
+        }
+        stream = pipeline.stream(ENSEMBLE, inputs)
+        first = await anext(stream)
+        await stream.aclose()
+        return fake, first
+
+    fake, first = asyncio.run(scenario())
+    (m1, pre), (m2, engine), (m3, post) = fake.calls
+    assert (m1, m2, m3) == ("preprocessing", "engine", "postprocessing")
+    assert set(pre) == {"text_input"}
+    assert engine["runtime_top_k"].tolist() == [4] and engine["streaming"].tolist() == [True]
+    assert engine["end_id"].tolist() == [1] and engine["input_ids"].tolist() == [[5, 6]]
+    assert "input_token_texts" not in engine and "top_k" not in engine
+    assert set(post) == {"output_ids", "request_key"}
+    assert first["text_output"].tolist() == [b"x"] and first["output_ids"].tolist() == [[0]]
+    assert fake.engine_closed  # leaving early closes (so cancels) the engine's stream
