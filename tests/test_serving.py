@@ -307,3 +307,22 @@ def test_overload_beyond_the_queue_gets_429_and_the_server_keeps_serving(servers
     _wait_until_idle(servers)
     ok = post(servers, {"inputs": "Hello", "parameters": {"max_new_tokens": 4}})
     assert ok.status_code == 200, ok.text
+
+
+def test_a_shared_prompt_prefix_is_reported_as_cached_tokens(servers):
+    prefix = f"Session {time.time_ns()}: you are a careful assistant who answers in full sentences. " * 6
+
+    def complete(question: str) -> dict:
+        body = {"model": servers.model_name, "prompt": prefix + question, "max_tokens": 8, "temperature": 0}
+        response = httpx.post(servers.frontend_url + "/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    first = complete("What is the capital of France?")
+    second = complete("Name a large river.")
+    again = complete("Name a large river.")
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 16 and cached % 16 == 0  # whole KV blocks of the shared prefix
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= cached
+    assert again["choices"][0]["text"] == second["choices"][0]["text"]

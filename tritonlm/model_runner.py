@@ -24,7 +24,7 @@ class EngineSettings:
     device: str = "auto"
     dtype: str = "auto"
     max_num_seqs: int = 32  # sequences running (holding KV blocks) at once; more wait in a queue
-    max_num_batched_tokens: int = 0  # tokens per forward step; 0: 2048 on CUDA, 512 on CPU
+    max_num_batched_tokens: int = 2048  # tokens per forward step (chunked prefill beyond)
     max_seq_len: int = 0  # 0: min(max_position_embeddings, 4096)
     block_size: int = 16  # token positions per KV-cache block
     kv_cache_blocks: int = 0  # 0: from kv_cache_memory_fraction
@@ -101,9 +101,7 @@ class ModelRunner:
         limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 4096)
         self.max_seq_len = settings.max_seq_len or min(limit, 4096)
         self.max_num_seqs = settings.max_num_seqs
-        self.max_num_batched_tokens = settings.max_num_batched_tokens or (
-            2048 if self.device.type == "cuda" else 512
-        )
+        self.max_num_batched_tokens = settings.max_num_batched_tokens
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
@@ -295,9 +293,9 @@ class ModelRunner:
         finally:
             self.cache.layout = None
         logits = out.logits[0]
-        rows = [sample_row[i] for i in range(len(seqs)) if i in sample_row]
-        if rows != list(range(len(rows))) or len(rows) != logits.shape[0]:
-            logits_sampled = logits[torch.tensor(rows, dtype=torch.long, device=self.device)]
+        sample_rows = [sample_row[i] for i in range(len(seqs)) if i in sample_row]
+        if sample_rows != list(range(len(sample_rows))) or len(sample_rows) != logits.shape[0]:
+            logits_sampled = logits[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
         else:
             logits_sampled = logits
         return StepOutput(logits_sampled, {i: logits[a:b] for i, (a, b) in all_rows.items()})

@@ -26,7 +26,7 @@ ENGINE_PARAMETERS = {
     "dtype": "auto",  # auto: float32 on CPU, the checkpoint's dtype (or bfloat16) on CUDA
     "max_seq_len": "",  # default min(max_position_embeddings, 4096)
     "max_num_seqs": "",  # default 32: sequences running (holding KV blocks) at once
-    "max_num_batched_tokens": "",  # default 2048 on CUDA, 512 on CPU: tokens per forward step
+    "max_num_batched_tokens": "",  # default 2048: tokens per forward step (longer prompts: chunks)
     "block_size": "",  # default 16: token positions per KV-cache block
     "kv_cache_blocks": "",  # default: from kv_cache_memory_fraction
     "kv_cache_memory_fraction": "",  # default 0.9 of free GPU memory; CPU: 0.2 of MemAvailable, capped
