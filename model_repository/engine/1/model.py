@@ -6,6 +6,7 @@ engine reports new tokens through a queue to the sender thread, which turns them
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -40,6 +41,7 @@ class TritonPythonModel:
         # others anyway; not building them saves the copies through the backend)
         self.wanted: dict[int, set[str]] = {}
         self.all_outputs = {t.name for t in contract.ENGINE_OUTPUTS}
+        self.senders_lock = threading.Lock()  # held while a final response goes out
         self.cancelled: set[int] = set()  # keys of requests found cancelled by the watcher thread
         self.stopping = False
         self.engine = Engine(
@@ -78,14 +80,15 @@ class TritonPythonModel:
             if wanted and wanted != self.all_outputs:
                 self.wanted[seq.key] = wanted
             if not self.engine.add(seq):  # the waiting queue is full: refuse now, do not queue
-                del self.senders[seq.key]
                 self.wanted.pop(seq.key, None)
                 message = overloaded_message(self.engine.stats()["waiting"])
                 error = pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE)
-                sender.send(
-                    pb_utils.InferenceResponse(error=error),
-                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
-                )
+                with self.senders_lock:  # see _send_loop
+                    del self.senders[seq.key]
+                    sender.send(
+                        pb_utils.InferenceResponse(error=error),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                    )
         return None
 
     def _send_loop(self) -> None:
@@ -95,9 +98,7 @@ class TritonPythonModel:
             if not seq.streaming and not done:
                 continue
             first = first if seq.streaming else 0
-            sender = self.senders.pop(seq.key) if done else self.senders[seq.key]
-            if done:
-                self.cancelled.discard(seq.key)
+            sender = self.senders[seq.key]
             wanted = self.wanted.pop(seq.key, None) if done else self.wanted.get(seq.key)
             if seq.error:
                 response = pb_utils.InferenceResponse(error=pb_utils.TritonError(seq.error))
@@ -115,19 +116,27 @@ class TritonPythonModel:
                     ]
                 )
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if done else 0
-            try:
-                sender.send(response, flags=flags)
-            except Exception as error:  # the client is gone; the engine already dropped the request
-                log.info("could not send a response for request %d: %s", seq.key, error)
+            # After the final response Triton frees the request's response factory, and asking it
+            # `is_cancelled` then crashes the server: the watcher must never hold a sender being closed.
+            with self.senders_lock if done else contextlib.nullcontext():
+                if done:
+                    del self.senders[seq.key]
+                    self.cancelled.discard(seq.key)
+                try:
+                    sender.send(response, flags=flags)
+                except Exception as error:  # the client is gone; the engine already dropped it
+                    log.info("could not send a response for request %d: %s", seq.key, error)
 
     def _cancel_loop(self) -> None:
         """Asks Triton every 50 ms which requests were cancelled. Each `is_cancelled` is a round
         trip to the server (~0.3 ms), too slow for the engine loop to make for every sequence of
         every step; the loop reads the set this thread fills."""
         while not self.stopping:
-            for key, sender in list(self.senders.items()):
-                if key not in self.cancelled and sender.is_cancelled():
-                    self.cancelled.add(key)
+            for key in list(self.senders):
+                with self.senders_lock:  # the sender loop may be closing this request right now
+                    sender = self.senders.get(key)
+                    if sender is not None and key not in self.cancelled and sender.is_cancelled():
+                        self.cancelled.add(key)
             time.sleep(0.05)
 
     def _metrics_loop(self) -> None:
