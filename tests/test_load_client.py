@@ -7,7 +7,6 @@ import asyncio
 import json
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import torch
@@ -102,9 +101,6 @@ def test_grpc_api_with_poisson_arrivals(servers, prompts: list[Prompt]) -> None:
 
 
 def test_openai_api(servers, prompts: list[Prompt]) -> None:
-    paths = httpx.get(f"{servers.frontend_url}/openapi.json").json()["paths"]
-    if "/v1/completions" not in paths:
-        pytest.skip("the frontend has no /v1/completions route yet (issue 3)")
     report, _ = asyncio.run(
         load.benchmark(
             "openai", servers.frontend_url, prompts, concurrency=3, model=servers.model_name, progress=False
@@ -114,7 +110,6 @@ def test_openai_api(servers, prompts: list[Prompt]) -> None:
 
 
 def test_cli_writes_json_and_plot(servers, model_dir: Path, tmp_path: Path) -> None:
-    pytest.importorskip("matplotlib", reason="the plot needs the bench extra: pip install -e '.[bench]'")
     out = tmp_path / "out.json"
     argv = ["--api", "grpc", "--url", servers.grpc_url, "--tokenizer", str(model_dir), "--num-requests", "4"]
     argv += ["--concurrency", "2", "--input-len", "8", "--output-len", "4", "--no-progress"]
