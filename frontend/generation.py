@@ -214,8 +214,13 @@ async def steps(
 
 
 async def generate(triton: Triton, inputs: dict[str, np.ndarray], with_logprobs: bool) -> Generation:
+    return await collect(steps(triton, inputs, with_logprobs))
+
+
+async def collect(step_stream: AsyncIterator[Step]) -> Generation:
+    """Every step of one sequence into a Generation (closing the stream however it ends)."""
     result = Generation()
-    async with contextlib.aclosing(steps(triton, inputs, with_logprobs)) as stream:
+    async with contextlib.aclosing(step_stream) as stream:
         async for step in stream:
             result.add(step)
     if not result.finish_reason:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from frontend.errors import APIError
-from frontend.generation import Generation, Step, Token, Triton, beam_count, parse_step
+from frontend.generation import Generation, Step, Token, Triton, beam_count, collect, parse_step
 from frontend.triton import ENSEMBLE, PREPROCESSING, tensors
 
 _SEED_SPACE = 2**64
@@ -174,13 +174,7 @@ async def _steps(triton: Triton, job: Job, index: int) -> AsyncGenerator[Step, N
 
 
 async def _generate(triton: Triton, job: Job, index: int) -> Generation:
-    result = Generation()
-    async with contextlib.aclosing(_steps(triton, job, index)) as stream:
-        async for step in stream:
-            result.add(step)
-    if not result.finish_reason:
-        raise APIError(500, "inference failed: the generation ended without a finish reason")
-    return result
+    return await collect(_steps(triton, job, index))
 
 
 async def _beams(triton: Triton, job: Job) -> list[Generation]:

@@ -259,6 +259,26 @@ def _stream_usage(stream: bool, options: StreamOptions | None) -> bool:
     return options.include_usage is not False
 
 
+def _sampling(request: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """The Job fields chat and completions requests share, with the documented defaults."""
+    return {
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "top_k": _top_k(request.top_k),
+        "seed": request.seed,
+        "presence_penalty": request.presence_penalty or 0.0,
+        "frequency_penalty": request.frequency_penalty or 0.0,
+        "repetition_penalty": request.repetition_penalty or 1.0,
+        "stop": request.stop or [],
+        "stop_token_ids": request.stop_token_ids or [],
+        "include_stop_str_in_output": bool(request.include_stop_str_in_output),
+        "skip_special_tokens": request.skip_special_tokens is not False,
+        "ignore_eos": bool(request.ignore_eos),
+        "stream": bool(request.stream),
+        "stream_usage": _stream_usage(bool(request.stream), request.stream_options),
+    }
+
+
 def _top_k(value: int | None) -> int:
     return 0 if value is None or value <= 0 else value  # -1 (and 0) mean "no limit"; engine: 0
 
@@ -309,20 +329,7 @@ class ChatCompletionRequest(BaseModel):
             messages=_messages(self.messages),
             chat_template_kwargs=self.chat_template_kwargs,
             max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=_top_k(self.top_k),
-            seed=self.seed,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=self.repetition_penalty or 1.0,
-            stop=self.stop or [],
-            stop_token_ids=self.stop_token_ids or [],
-            include_stop_str_in_output=bool(self.include_stop_str_in_output),
-            skip_special_tokens=self.skip_special_tokens is not False,
-            ignore_eos=bool(self.ignore_eos),
-            stream=bool(self.stream),
-            stream_usage=_stream_usage(bool(self.stream), self.stream_options),
+            **_sampling(self),
             prompt_param="messages",
             max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
         )
@@ -383,22 +390,9 @@ class CompletionRequest(BaseModel):
         job = Job(
             prompt=self.prompt,
             max_tokens=self.max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=_top_k(self.top_k),
-            seed=self.seed,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=self.repetition_penalty or 1.0,
-            stop=self.stop or [],
-            stop_token_ids=self.stop_token_ids or [],
-            include_stop_str_in_output=bool(self.include_stop_str_in_output),
-            skip_special_tokens=self.skip_special_tokens is not False,
-            ignore_eos=bool(self.ignore_eos),
+            **_sampling(self),
             logprobs=self.logprobs,
             echo=bool(self.echo),
-            stream=bool(self.stream),
-            stream_usage=_stream_usage(bool(self.stream), self.stream_options),
         )
         _max_tokens(job, self.min_tokens, "max_tokens")
         _sequences(job, self.n, self.best_of, bool(self.use_beam_search), job.stream)
