@@ -20,7 +20,9 @@ from frontend.triton import ENSEMBLE
 class Triton(Protocol):
     """What the routes need from Triton; `frontend.triton.TritonClient` or a test fake."""
 
-    def stream(self, model: str, inputs: dict[str, np.ndarray]) -> AsyncIterator[dict[str, np.ndarray]]: ...
+    def stream(
+        self, model: str, inputs: dict[str, np.ndarray], outputs: Iterable[str] | None = None
+    ) -> AsyncIterator[dict[str, np.ndarray]]: ...
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
@@ -132,6 +134,40 @@ def _top(
     ]
 
 
+# The ensemble outputs `parse_step` reads: always, and with log probs (or token details) on.
+STEP_OUTPUTS = (
+    "text_output",
+    "output_ids",
+    "sequence_length",
+    "finish_reason",
+    "stop_reason",
+    "token_special",  # TGI's stream events say whether each token is special
+    "prompt_tokens",
+    "cached_tokens",
+    "prefill_ms",
+    "batch_size",
+    "queue_wait_us",
+    "decode_ms",
+)
+LOGPROB_OUTPUTS = (
+    "token_texts",
+    "output_log_probs",
+    "cum_log_probs",
+    "top_ids",
+    "top_log_probs",
+    "top_token_texts",
+    "prompt_log_probs",
+    "prompt_top_ids",
+    "prompt_top_log_probs",
+    "prompt_top_token_texts",
+)
+
+
+def step_outputs(with_logprobs: bool) -> tuple[str, ...]:
+    """What to ask Triton for: every output costs a copy per response, on every hop."""
+    return STEP_OUTPUTS + LOGPROB_OUTPUTS if with_logprobs else STEP_OUTPUTS
+
+
 def beam_count(outputs: dict[str, np.ndarray]) -> int:
     ids = outputs.get("output_ids")
     return 1 if ids is None or ids.ndim < 2 else max(1, ids.shape[0])
@@ -208,7 +244,8 @@ async def steps(
 ) -> AsyncGenerator[Step, None]:
     # aclosing: closing this generator must close Triton's stream now (which cancels the request),
     # not whenever the garbage collector gets to it.
-    async with contextlib.aclosing(triton.stream(ENSEMBLE, inputs)) as responses:
+    wanted = step_outputs(with_logprobs)
+    async with contextlib.aclosing(triton.stream(ENSEMBLE, inputs, wanted)) as responses:
         async for outputs in responses:
             yield parse_step(outputs, with_logprobs)
 

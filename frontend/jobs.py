@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from frontend.errors import APIError
-from frontend.generation import Generation, Step, Token, Triton, beam_count, collect, parse_step
+from frontend.generation import Generation, Step, Token, Triton, beam_count, collect, parse_step, step_outputs
 from frontend.triton import ENSEMBLE, PREPROCESSING, tensors
 
 _SEED_SPACE = 2**64
@@ -165,7 +165,8 @@ def _named(error: APIError, job: Job) -> APIError:
 
 async def _steps(triton: Triton, job: Job, index: int) -> AsyncGenerator[Step, None]:
     # aclosing: closing this generator closes Triton's stream now, which cancels the request.
-    async with contextlib.aclosing(triton.stream(ENSEMBLE, job.inputs(index))) as responses:
+    upstream = triton.stream(ENSEMBLE, job.inputs(index), step_outputs(job.with_logprobs))
+    async with contextlib.aclosing(upstream) as responses:
         try:
             async for outputs in responses:
                 yield parse_step(outputs, job.with_logprobs)
@@ -180,7 +181,8 @@ async def _generate(triton: Triton, job: Job, index: int) -> Generation:
 async def _beams(triton: Triton, job: Job) -> list[Generation]:
     """Beam search: the final response holds every beam, best first."""
     beams: list[Generation] = []
-    async with contextlib.aclosing(triton.stream(ENSEMBLE, job.inputs())) as responses:
+    upstream = triton.stream(ENSEMBLE, job.inputs(), step_outputs(job.with_logprobs))
+    async with contextlib.aclosing(upstream) as responses:
         try:
             async for outputs in responses:
                 for b in range(beam_count(outputs)):

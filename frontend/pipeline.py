@@ -1,6 +1,7 @@
-"""The ensemble's three steps, run by the frontend: preprocessing (one infer), the engine (one
-stream), postprocessing (one infer per engine response), wired exactly as the ensemble wires them
-(`tritonlm.pbtxt.ensemble_steps`, from the contract).
+"""The ensemble's work, run by the frontend: preprocessing (one infer), then the engine (one stream),
+which makes the text itself (contract.TEXT_OUTPUTS) with postprocessing's own logic, so each token
+crosses the server once instead of twice. The engine's inputs are wired exactly as the ensemble wires
+them (`tritonlm.pbtxt.ensemble_steps`, from the contract), and its outputs carry the ensemble's names.
 
 Why not the Triton ensemble itself: Triton 2.51 cancels an ensemble request only in the steps that
 have not started yet, and the engine's request has started, so a client that went away left its
@@ -17,11 +18,15 @@ import numpy as np
 
 from frontend.generation import Triton
 from frontend.triton import ENSEMBLE, PREPROCESSING
+from tritonlm import contract
 from tritonlm.pbtxt import ensemble_steps
 
-ENGINE, POSTPROCESSING = "engine", "postprocessing"
+ENGINE = "engine"
 # For each step: its input name -> the ensemble tensor feeding it; its output -> the ensemble tensor.
 _STEPS = ensemble_steps()
+# The ensemble's outputs are the engine's text and passed-through outputs, under the same names.
+ENSEMBLE_OUTPUTS = tuple(t.name for t in contract.ENSEMBLE_OUTPUTS)
+assert set(ENSEMBLE_OUTPUTS) <= {t.name for t in contract.ENGINE_OUTPUTS}
 
 
 def _feed(step: str, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -35,8 +40,8 @@ def _produced(step: str, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray
 
 
 class Pipeline:
-    """A `Triton` whose `stream(ENSEMBLE, …)` runs the three steps itself; everything else goes to
-    the wrapped client."""
+    """A `Triton` whose `stream(ENSEMBLE, …)` runs preprocessing and the engine itself; everything
+    else goes to the wrapped client."""
 
     def __init__(self, triton: Triton) -> None:
         self.triton = triton
@@ -47,18 +52,20 @@ class Pipeline:
     async def ready(self, models: Iterable[str]) -> bool:
         return await self.triton.ready(models)
 
-    async def stream(self, model: str, inputs: dict[str, np.ndarray]) -> AsyncIterator[dict[str, np.ndarray]]:
+    async def stream(
+        self, model: str, inputs: dict[str, np.ndarray], outputs: Iterable[str] | None = None
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
         if model != ENSEMBLE:
-            async for outputs in self.triton.stream(model, inputs):
-                yield outputs
+            async for response in self.triton.stream(model, inputs, outputs):
+                yield response
             return
         tensors = dict(inputs)
         tensors.update(
             _produced(PREPROCESSING, await self.triton.infer(PREPROCESSING, _feed(PREPROCESSING, tensors)))
         )
+        wanted = ENSEMBLE_OUTPUTS if outputs is None else tuple(outputs)
         # aclosing: leaving early closes the engine's stream now, which cancels its request.
-        async with contextlib.aclosing(self.triton.stream(ENGINE, _feed(ENGINE, tensors))) as responses:
-            async for engine_out in responses:
-                step = _produced(ENGINE, engine_out)
-                post = await self.triton.infer(POSTPROCESSING, _feed(POSTPROCESSING, step))
-                yield _produced(POSTPROCESSING, post)
+        upstream = self.triton.stream(ENGINE, _feed(ENGINE, tensors), wanted)
+        async with contextlib.aclosing(upstream) as responses:
+            async for response in responses:
+                yield response

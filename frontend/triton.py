@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 import numpy as np
-from tritonclient.grpc import InferInput, InferResult, service_pb2
+from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult, service_pb2
 from tritonclient.grpc import _utils as grpc_utils
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
@@ -146,16 +146,19 @@ class TritonClient:
             raise _error(str(exc)) from None
         return _outputs(result.get_response())
 
-    async def stream(self, model: str, inputs: dict[str, np.ndarray]) -> AsyncIterator[dict[str, np.ndarray]]:
-        """One request on a decoupled model: yields the outputs of each non-empty response and stops
-        after the final one. Closing or cancelling the iterator early cancels the gRPC stream, which
-        makes Triton cancel the request (the engine stops generating for it)."""
+    async def stream(
+        self, model: str, inputs: dict[str, np.ndarray], outputs: Iterable[str] | None = None
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """One request on a decoupled model: yields the outputs of each non-empty response (only
+        `outputs` when given, else all) and stops after the final one. Closing or cancelling the
+        iterator early cancels the gRPC stream, which makes Triton cancel the request (the engine
+        stops generating for it)."""
         request = grpc_utils._get_inference_request(
             model_name=model,
             inputs=_inputs(model, inputs),
             model_version="",
             request_id="",
-            outputs=None,
+            outputs=None if outputs is None else [InferRequestedOutput(name) for name in outputs],
             sequence_id=0,
             sequence_start=False,
             sequence_end=False,

@@ -52,8 +52,11 @@ class FakeTriton:
         self.closed = asyncio.Event()  # set when a stream's generator is finalized (done or cancelled)
         self.completed = False
 
-    async def stream(self, model: str, inputs: dict[str, np.ndarray]) -> AsyncIterator[dict[str, np.ndarray]]:
+    async def stream(
+        self, model: str, inputs: dict[str, np.ndarray], outputs=None
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
         self.calls.append((model, inputs))
+        self.outputs = outputs
         try:
             for i, out in enumerate(self.responses):
                 if self.error is not None and i == self.error_after:

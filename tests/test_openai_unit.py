@@ -13,6 +13,7 @@ from test_frontend_unit import ENDLESS, FakeTriton, _run_asgi, ensemble_inputs, 
 from frontend.app import create_app
 from frontend.errors import APIError
 from frontend.triton import ENSEMBLE, classify_error
+from tritonlm import contract
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
@@ -46,7 +47,7 @@ def values(inputs: dict[str, np.ndarray]) -> dict[str, object]:
 class SeededFake(FakeTriton):
     """Each request's sequence depends on its random_seed (its cum_log_prob is -seed)."""
 
-    async def stream(self, model, inputs):
+    async def stream(self, model, inputs, outputs=None):
         self.calls.append((model, inputs))
         seed = int(inputs["random_seed"][0]) if "random_seed" in inputs else 0
         out = response([(seed, f"s{seed}", -1.0, False)], finish="length")
@@ -327,9 +328,9 @@ class CountingFake(FakeTriton):
         super().__init__(*args, **kwargs)
         self.finished = 0
 
-    async def stream(self, model, inputs):
+    async def stream(self, model, inputs, outputs=None):
         try:
-            async for out in super().stream(model, inputs):
+            async for out in super().stream(model, inputs, outputs):
                 yield out
         finally:
             self.finished += 1
@@ -379,8 +380,8 @@ class StepsFake:
             }
         return {"text_output": np.array([b"x"], dtype=object), "out_output_ids": inputs["output_ids"]}
 
-    async def stream(self, model, inputs):
-        self.calls.append((model, inputs))
+    async def stream(self, model, inputs, outputs=None):
+        self.calls.append((model, inputs, outputs))
         try:
             for i in range(3):
                 yield {"output_ids": np.array([[i]], np.int32), "request_key": np.array([9], np.uint64)}
@@ -392,9 +393,10 @@ class StepsFake:
 
 
 def test_pipeline_wires_the_steps_like_the_ensemble():
+    from frontend.generation import step_outputs
     from frontend.pipeline import Pipeline
 
-    async def scenario():
+    async def scenario(outputs):
         fake = StepsFake()
         pipeline = Pipeline(fake)
         inputs = {
@@ -402,18 +404,21 @@ def test_pipeline_wires_the_steps_like_the_ensemble():
             "top_k": np.array([4], np.int32),
             "stream": np.array([True]),
         }
-        stream = pipeline.stream(ENSEMBLE, inputs)
+        stream = pipeline.stream(ENSEMBLE, inputs, outputs)
         first = await anext(stream)
         await stream.aclose()
         return fake, first
 
-    fake, first = asyncio.run(scenario())
-    (m1, pre), (m2, engine), (m3, post) = fake.calls
-    assert (m1, m2, m3) == ("preprocessing", "engine", "postprocessing")
+    fake, first = asyncio.run(scenario(step_outputs(False)))
+    (m1, pre), (m2, engine, asked) = fake.calls  # no postprocessing: the engine makes the text
+    assert (m1, m2) == ("preprocessing", "engine")
     assert set(pre) == {"text_input"}
     assert engine["runtime_top_k"].tolist() == [4] and engine["streaming"].tolist() == [True]
     assert engine["end_id"].tolist() == [1] and engine["input_ids"].tolist() == [[5, 6]]
     assert "input_token_texts" not in engine and "top_k" not in engine
-    assert set(post) == {"output_ids", "request_key"}
-    assert first["text_output"].tolist() == [b"x"] and first["output_ids"].tolist() == [[0]]
+    assert "text_output" in asked and "output_log_probs" not in asked and "request_key" not in asked
+    assert first["output_ids"].tolist() == [[0]]
     assert fake.engine_closed  # leaving early closes (so cancels) the engine's stream
+    # Without a list, the engine is asked for every ensemble output.
+    fake, _ = asyncio.run(scenario(None))
+    assert set(fake.calls[1][2]) == {t.name for t in contract.ENSEMBLE_OUTPUTS}

@@ -444,3 +444,40 @@ def test_postprocess_beam_rows_and_top_token_texts(chat_tokenizer) -> None:
     assert out["text_output"].tolist() == [b"alpha beta", b"gamma"]
     assert [t.decode() for t in out["token_texts"]] == [chat_tokenizer.decode([i]) for i in a + b]
     assert out["top_token_texts"].tolist() == [[chat_tokenizer.decode([a[0]]).encode(), b""]]
+
+
+def test_engine_makes_postprocessing_text_when_asked(byte_level) -> None:
+    """The engine's own text outputs (what the HTTP frontend asks for) equal what postprocessing
+    makes of the same responses, and only the outputs asked for are built."""
+    from tritonlm.outputs import ResponseBuilder, response_tensors
+    from tritonlm.request import parse_request
+    from tritonlm.sequence import TokenTiming
+
+    ids = byte_level.encode("one 你好 STOP three", add_special_tokens=False) + [byte_level.eos_token_id]
+    request = {
+        "input_ids": np.array([[5, 6]], dtype=np.int32),
+        "request_output_len": np.array([[len(ids)]], dtype=np.int32),
+        "streaming": np.array([True]),
+        "stop_words_list": words_to_list(byte_level, ["STOP"]),
+        "skip_special_tokens": np.array([False]),
+    }
+    seq = parse_request(request, len(byte_level), 512)
+    builder, post = ResponseBuilder(byte_level), Postprocessor(byte_level)
+    wanted = ("text_output", "stop_reason", "token_texts", "token_special", "output_ids")
+    engine_text = post_text = ""
+    for i, token in enumerate(ids):
+        seq.output_ids.append(token)
+        seq.timings.append(TokenTiming(1, 0, 1.0))
+        finish = "end_id" if i == len(ids) - 1 else ""
+        out = builder.build(seq, i, i + 1, finish, wanted)
+        assert set(out) == set(wanted)
+        reference = post.process(response_tensors(seq, i, i + 1, finish))
+        for name in ("text_output", "stop_reason", "token_texts", "token_special"):
+            assert out[name].tolist() == reference[name].tolist(), name
+        engine_text += out["text_output"][0].decode()
+        post_text += reference["text_output"][0].decode()
+    assert engine_text == post_text == "one 你好 "
+    assert len(builder.text) == len(post) == 0  # the final response dropped both states
+    # Not asked for text: no text state is kept.
+    assert "text_output" not in builder.build(seq, 0, 1, "", ("output_ids",))
+    assert len(builder.text) == 0

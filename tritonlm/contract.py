@@ -97,6 +97,20 @@ ENGINE_UNIMPLEMENTED: tuple[str, ...] = (
     "draft_logits",
 )
 
+# What postprocessing makes of the engine's responses. The engine makes them itself when a client
+# asks for them (the HTTP frontend does: one hop less per token); the ensemble's engine step never does.
+TEXT_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("text_output", "BYTES", (-1,)),  # per beam: the new text of this response
+    # The text of each token of this response decoded alone, special tokens included: beam 0's
+    # tokens, then beam 1's, … (each beam's first sequence_length[beam] tokens).
+    Tensor("token_texts", "BYTES", (-1,)),
+    Tensor("token_special", "BOOL", (-1,)),  # same layout as token_texts
+    Tensor("top_token_texts", "BYTES", (-1, -1)),  # the text of each top_ids entry ("" for -1)
+    Tensor("prompt_top_token_texts", "BYTES", (-1, -1)),  # the text of each prompt_top_ids entry
+    # Per beam, on the final response: the stop string that ended the text, else "".
+    Tensor("stop_reason", "BYTES", (-1,)),
+)
+
 ENGINE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("output_ids", "INT32", (-1, -1)),
     Tensor("sequence_length", "INT32", (-1,)),
@@ -127,6 +141,7 @@ ENGINE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("stop_words_list", "INT32", (2, -1)),
     Tensor("skip_special_tokens", "BOOL", (1,)),
     Tensor("include_stop_str_in_output", "BOOL", (1,)),
+    *TEXT_OUTPUTS,
 )
 
 FINISH_REASONS = ("length", "end_id", "stop_words", "cancelled")  # "error" fails the request instead
@@ -208,15 +223,7 @@ POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
 )
 
 POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
-    Tensor("text_output", "BYTES", (-1,)),  # per beam: the new text of this response
-    # The text of each token of this response decoded alone, special tokens included: beam 0's
-    # tokens, then beam 1's, … (each beam's first sequence_length[beam] tokens).
-    Tensor("token_texts", "BYTES", (-1,)),
-    Tensor("token_special", "BOOL", (-1,)),  # same layout as token_texts
-    Tensor("top_token_texts", "BYTES", (-1, -1)),  # the text of each top_ids entry ("" for -1)
-    Tensor("prompt_top_token_texts", "BYTES", (-1, -1)),  # the text of each prompt_top_ids entry
-    # Per beam, on the final response: the stop string that ended the text, else "".
-    Tensor("stop_reason", "BYTES", (-1,)),
+    *TEXT_OUTPUTS,
     *(Tensor(f"out_{n}", _ENGINE_OUT[n].dtype, _ENGINE_OUT[n].dims) for n in PASSTHROUGH),
 )
 

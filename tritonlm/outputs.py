@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 import torch
 
 from tritonlm import contract
+from tritonlm.postprocess import TEXT_NAMES, Postprocessor
 from tritonlm.sampling import top_alternatives
 from tritonlm.sequence import Sequence
 from tritonlm.tokenization import ids_to_list
@@ -108,3 +111,30 @@ def beam_response_tensors(seq: Sequence, beams: list, finish_reasons: list[str])
     tensors["top_ids"] = np.asarray(top_ids, dtype=np.int32).reshape(tokens, k)
     tensors["top_log_probs"] = np.asarray(top_values, dtype=np.float32).reshape(tokens, k)
     return tensors
+
+
+class ResponseBuilder:
+    """A response's tensors, only those its client asked for. The text outputs
+    (contract.TEXT_OUTPUTS) come from postprocessing's own logic, run here when asked for: a client
+    that takes text from the engine saves a round trip to postprocessing per response."""
+
+    def __init__(self, tokenizer: object) -> None:
+        self.text = Postprocessor(tokenizer)
+
+    def build(
+        self, seq: Sequence, first: int, end: int, finish_reason: str, wanted: Collection[str] | None
+    ) -> dict[str, np.ndarray]:
+        """`wanted`: the output names the client asked for; None: all of them."""
+        group = seq.group
+        if group is not None and group.results:
+            tensors = beam_response_tensors(seq, group.results, group.finish_reasons())
+        else:
+            tensors = response_tensors(seq, first, end, finish_reason)
+        texts = TEXT_NAMES if wanted is None else TEXT_NAMES.intersection(wanted)
+        if texts:
+            tensors.update(self.text.texts(tensors, texts))
+        return tensors if wanted is None else {name: tensors[name] for name in wanted if name in tensors}
+
+    def forget(self, seq: Sequence) -> None:
+        """The request ended without a final response (an error): drop its text state."""
+        self.text.forget(seq.key)

@@ -10,7 +10,7 @@ How to detokenize (`skip_special_tokens`) and whether a matched stop string stay
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from tritonlm.preprocess import scalar, strings
 from tritonlm.tokenization import list_to_words, special_ids, token_texts
 
 _OUT = contract.by_name(contract.POSTPROCESSING_OUTPUTS)
+TEXT_NAMES = frozenset(t.name for t in contract.TEXT_OUTPUTS)
 # Cancelled or abandoned requests never send a finish reason; this bounds what they leave behind.
 MAX_STREAMS = 4096
 
@@ -77,34 +78,9 @@ class Postprocessor:
         return int(request_key) in self._streams
 
     def process(self, inputs: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
-        """One engine response (contract.POSTPROCESSING_INPUTS) -> contract.POSTPROCESSING_OUTPUTS.
-
-        `output_ids` [beam, n] holds this response's new tokens (beam b's first sequence_length[b]
-        of them); a non-empty `finish_reason` marks the request's last response, which flushes
-        held-back text and drops the state.
-        """
-        key = scalar(inputs, "request_key")
-        if key is None:
-            raise InvalidRequest("request_key is required")
-        rows = self._rows(inputs)
-        reasons = strings(inputs, "finish_reason")  # strings() drops the "" of unfinished beams
-        final = bool(reasons)
-
-        stream = self._stream(int(key), inputs)
-        texts = [stream.step(self.tokenizer, b, row, final) for b, row in enumerate(rows)]
-        stop_reasons = [stream.stop_reason(b) if final else "" for b in range(len(rows))]
-        if final:
-            self._streams.pop(int(key), None)
-
-        flat = [i for row in rows for i in row]
-        out = {
-            "text_output": _array("text_output", [t.encode("utf-8") for t in texts]),
-            "token_texts": _array("token_texts", self._texts(flat)),
-            "token_special": _array("token_special", [i in self._special for i in flat]),
-            "top_token_texts": self._top_texts(inputs, "top_ids", "top_token_texts"),
-            "prompt_top_token_texts": self._top_texts(inputs, "prompt_top_ids", "prompt_top_token_texts"),
-            "stop_reason": _array("stop_reason", [r.encode("utf-8") for r in stop_reasons]),
-        }
+        """One engine response (contract.POSTPROCESSING_INPUTS) -> contract.POSTPROCESSING_OUTPUTS:
+        its texts, and the engine outputs listed in contract.PASSTHROUGH unchanged."""
+        out = self.texts(inputs)
         for name in contract.PASSTHROUGH:
             value = inputs.get(name)
             if value is None:  # a caller without this engine output: zeros, empty where dims allow
@@ -113,6 +89,44 @@ class Postprocessor:
                 value = np.zeros(shape, contract.NUMPY_DTYPES[spec.dtype])
             out[f"out_{name}"] = value
         return out
+
+    def texts(
+        self, inputs: Mapping[str, np.ndarray | None], wanted: Collection[str] = TEXT_NAMES
+    ) -> dict[str, np.ndarray]:
+        """The contract.TEXT_OUTPUTS in `wanted` for one engine response.
+
+        `output_ids` [beam, n] holds this response's new tokens (beam b's first sequence_length[b]
+        of them); a non-empty `finish_reason` marks the request's last response, which flushes
+        held-back text and drops the state. State is kept only for requests that want the text.
+        """
+        key = scalar(inputs, "request_key")
+        if key is None:
+            raise InvalidRequest("request_key is required")
+        rows = self._rows(inputs)
+        reasons = strings(inputs, "finish_reason")  # strings() drops the "" of unfinished beams
+        final = bool(reasons)
+        out: dict[str, np.ndarray] = {}
+        if "text_output" in wanted or "stop_reason" in wanted:
+            stream = self._stream(int(key), inputs)
+            texts = [stream.step(self.tokenizer, b, row, final) for b, row in enumerate(rows)]
+            stop_reasons = [stream.stop_reason(b) if final else "" for b in range(len(rows))]
+            out["text_output"] = _array("text_output", [t.encode("utf-8") for t in texts])
+            out["stop_reason"] = _array("stop_reason", [r.encode("utf-8") for r in stop_reasons])
+        if final:
+            self._streams.pop(int(key), None)
+        flat = [i for row in rows for i in row]
+        if "token_texts" in wanted:
+            out["token_texts"] = _array("token_texts", self._texts(flat))
+        if "token_special" in wanted:
+            out["token_special"] = _array("token_special", [i in self._special for i in flat])
+        for ids, name in (("top_ids", "top_token_texts"), ("prompt_top_ids", "prompt_top_token_texts")):
+            if name in wanted:
+                out[name] = self._top_texts(inputs, ids, name)
+        return {name: value for name, value in out.items() if name in wanted}
+
+    def forget(self, request_key: int) -> None:
+        """Drops a request's state (it ended without a final response, e.g. with an error)."""
+        self._streams.pop(int(request_key), None)
 
     def _texts(self, ids: list[int]) -> list[bytes]:
         return [t.encode("utf-8") for t in token_texts(self.tokenizer, ids)]
