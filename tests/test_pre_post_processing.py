@@ -481,3 +481,13 @@ def test_engine_makes_postprocessing_text_when_asked(byte_level) -> None:
     # Not asked for text: no text state is kept.
     assert "text_output" not in builder.build(seq, 0, 1, "", ("output_ids",))
     assert len(builder.text) == 0
+
+
+def test_the_ensembles_engine_step_asks_for_no_text() -> None:
+    # Triton asks a step for the outputs its output_map names: the engine makes text only for
+    # clients that ask it directly, and the ensemble's text comes from postprocessing.
+    from tritonlm.pbtxt import ensemble_steps
+    from tritonlm.postprocess import TEXT_NAMES
+
+    engine_outputs = set(ensemble_steps()["engine"][1])
+    assert engine_outputs and not engine_outputs & TEXT_NAMES
