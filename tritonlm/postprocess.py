@@ -5,6 +5,9 @@ carrying the engine's `request_key`; the text of each depends on the tokens befo
 detokenizer and stop-string state live here between calls, until the response with a finish reason.
 How to detokenize (`skip_special_tokens`) and whether a matched stop string stays in the text
 (`include_stop_str_in_output`) are request settings the engine echoes, like the stop words.
+
+The engine runs the same `Postprocessor.texts` in its sender for clients that ask it for text
+(`tritonlm.outputs.ResponseBuilder`), so both paths give the same text.
 """
 
 from __future__ import annotations
