@@ -409,6 +409,18 @@ DatabricksTopP = Annotated[float | None, number(0.0, 1.0, low_open=True)]
 DatabricksTopK = Annotated[int | None, number(0, MAX_INT32, integer=True, low_open=True)]
 
 
+def _databricks_sampling(request: DatabricksChatRequest | DatabricksCompletionRequest) -> dict[str, Any]:
+    """The Job fields both Databricks tasks share, with the documented defaults."""
+    return {
+        "max_tokens": request.max_tokens,
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "top_k": request.top_k or 0,
+        "stop": request.stop or [],
+        "stream": bool(request.stream),
+    }
+
+
 class ResponseFormat(BaseModel):
     model_config = _CONFIG
     type: Literal["text", "json_object", "json_schema"]
@@ -442,12 +454,7 @@ class DatabricksChatRequest(BaseModel):
             raise bad_request("needs logprobs true", "top_logprobs")  # seed 002's rule
         job = Job(
             messages=_messages(self.messages),
-            max_tokens=self.max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
-            stop=self.stop or [],
-            stream=bool(self.stream),
+            **_databricks_sampling(self),
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
             prompt_param="messages",
         )
@@ -478,12 +485,7 @@ class DatabricksCompletionRequest(BaseModel):
         for prompt in self.prompt:
             job = Job(
                 prompt=prompt,
-                max_tokens=self.max_tokens,
-                temperature=1.0 if self.temperature is None else self.temperature,
-                top_p=1.0 if self.top_p is None else self.top_p,
-                top_k=self.top_k or 0,
-                stop=self.stop or [],
-                stream=bool(self.stream),
+                **_databricks_sampling(self),
                 echo=bool(self.echo),
                 suffix=self.suffix or "",
                 truncate_to_fit=self.error_behavior == "truncate",

@@ -48,31 +48,21 @@ def test_beam_search_matches_transformers(
     search = BeamSearch(width, max_new, {end_id}, length_penalty, early_stopping_mode(early_stopping))
     run_beam_search(model, prompt, search)
 
-    expected = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        num_beams=width,
-        num_return_sequences=width,
-        do_sample=False,
-        max_new_tokens=max_new,
-        early_stopping=early_stopping_mode(early_stopping),
-        length_penalty=length_penalty,
-        eos_token_id=end_id,
-        pad_token_id=end_id,
-        output_scores=True,
-        return_dict_in_generate=True,
+    rows, scores = transformers_beams(
+        model, prompt, width, max_new, end_id, length_penalty, early_stopping, with_scores=True
     )
     results = search.results()
     assert len(results) == width
-    for beam, row, score in zip(results, expected.sequences, expected.sequences_scores, strict=True):
-        generated = row[len(prompt) :].tolist()
-        if end_id in generated:  # generate pads finished beams with the end id
-            generated = generated[: generated.index(end_id) + 1]
-        assert beam.tokens == generated
-        assert beam.score == pytest.approx(float(score), abs=1e-4)
+    for beam, row, score in zip(results, rows, scores, strict=True):
+        assert beam.tokens == row
+        assert beam.score == pytest.approx(score, abs=1e-4)
 
 
-def transformers_beams(model, prompt, width, max_new, end_id, length_penalty, early_stopping):
+def transformers_beams(
+    model, prompt, width, max_new, end_id, length_penalty, early_stopping, with_scores=False
+):
+    """transformers' beam search: each returned beam's tokens (cut after the end id, which
+    generate also pads finished beams with), best first; with_scores: also each beam's score."""
     out = model.generate(
         torch.tensor([prompt]),
         attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
@@ -84,12 +74,14 @@ def transformers_beams(model, prompt, width, max_new, end_id, length_penalty, ea
         length_penalty=length_penalty,
         eos_token_id=end_id,
         pad_token_id=end_id,
+        output_scores=with_scores,
+        return_dict_in_generate=True,
     )
     rows = []
-    for row in out:
+    for row in out.sequences:
         generated = row[len(prompt) :].tolist()
         rows.append(generated[: generated.index(end_id) + 1] if end_id in generated else generated)
-    return rows
+    return (rows, out.sequences_scores.tolist()) if with_scores else rows
 
 
 # 12 blocks of 16: beams get preempted; 4 running places: beams of two groups wait for places.
