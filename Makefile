@@ -11,7 +11,7 @@ run: setup
 
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m tritonlm.pbtxt --check
+	$(PY) -m tritonlm.serving.pbtxt --check
 	$(PY) -m pytest -q
 
 # The venv, with nvidia-pytriton only when no tritonserver is on PATH (it bundles the server binary
@@ -41,9 +41,9 @@ $(VENV)/.bench-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[bench]"
 	touch $@
 
-# Regenerate model_repository/*/config.pbtxt from tritonlm/contract.py.
+# Regenerate model_repository/*/config.pbtxt from tritonlm/serving/contract.py.
 configs: setup
-	$(PY) -m tritonlm.pbtxt
+	$(PY) -m tritonlm.serving.pbtxt
 
 lint: setup
 	$(PY) -m ruff check .

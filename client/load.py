@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tritonlm import contract
+from tritonlm.serving import contract
 
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "default"
 PERCENTILES = (50, 90, 99)

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tritonlm import contract
+from tritonlm.serving import contract
 
 _TYPES = {
     "ensemble": {t.name: t.dtype for t, _ in contract.ENSEMBLE_INPUTS},

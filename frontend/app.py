@@ -9,13 +9,17 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 
-from frontend import databricks, embeddings, errors, openai_api, tgi
+from frontend import errors
+from frontend.databricks import routes as databricks
+from frontend.embeddings import routes as embeddings
+from frontend.engine_client.pipeline import Pipeline
+from frontend.engine_client.steps import Triton
+from frontend.engine_client.triton import MODELS, TritonClient
 from frontend.errors import APIError
-from frontend.generation import Triton
 from frontend.models import served
-from frontend.pipeline import Pipeline
-from frontend.triton import MODELS, TritonClient
-from tritonlm import embedding_config
+from frontend.openai_api import routes as openai_api
+from frontend.tgi import routes as tgi
+from tritonlm.embedding import config as embedding_config
 
 # Server setting: stream chunks carry the text so far instead of the new text (seed 001's second
 # streaming example, MindIE's fullTextEnabled), and the last chunk a `full_text` field.

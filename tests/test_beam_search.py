@@ -8,11 +8,11 @@ import torch
 from test_engine import run_all
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tritonlm.beam_search import BeamSearch, early_stopping_mode
-from tritonlm.model_runner import EngineSettings, ModelRunner
-from tritonlm.sampling import SamplingParams
-from tritonlm.sequence import Sequence
-from tritonlm.tokenization import encode_prompt
+from tritonlm.engine.sequence import Sequence
+from tritonlm.sampling.beam_search import BeamSearch, early_stopping_mode
+from tritonlm.sampling.sampler import SamplingParams
+from tritonlm.text.tokenization import encode_prompt
+from tritonlm.worker.model_runner import EngineSettings, ModelRunner
 
 
 def run_beam_search(model, prompt: list[int], search: BeamSearch) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tritonlm.block_manager import BlockManager
-from tritonlm.sampling import SamplingParams
-from tritonlm.sequence import Sequence
+from tritonlm.engine.block_manager import BlockManager
+from tritonlm.engine.sequence import Sequence
+from tritonlm.sampling.sampler import SamplingParams
 
 
 def seq(tokens, max_new: int = 8) -> Sequence:

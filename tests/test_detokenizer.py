@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tritonlm.detokenizer import HOLD_LIMIT, IncrementalDetokenizer, StopStringFilter
+from tritonlm.text.detokenizer import HOLD_LIMIT, IncrementalDetokenizer, StopStringFilter
 
 TRAIN_TEXTS = [
     "Hello world! The quick brown fox jumps over the lazy dog.  Indented\n\tcode() { return 42; }",

@@ -1,4 +1,4 @@
-"""The embedding model without Triton: tritonlm.embedding against a reference computed here with
+"""The embedding model without Triton: tritonlm.embedding.embedder against a reference computed here with
 transformers on the packaged all-MiniLM-L6-v2, its configuration reading, and the HTTP routes with a
 fake Triton."""
 
@@ -15,10 +15,10 @@ from fastapi.testclient import TestClient
 from transformers import AutoModel, AutoTokenizer
 
 from frontend.app import create_app
-from tritonlm import embedding_config
-from tritonlm.contract import EMBEDDING_MAX_BATCH_SIZE
-from tritonlm.embedding import Embedder, pool, with_instruction
-from tritonlm.embedding_config import SentenceConfig
+from tritonlm.embedding import config as embedding_config
+from tritonlm.embedding.config import SentenceConfig
+from tritonlm.embedding.embedder import Embedder, pool, with_instruction
+from tritonlm.serving.contract import EMBEDDING_MAX_BATCH_SIZE
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -14,13 +14,13 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from tritonlm import pbtxt
-from tritonlm.engine import Engine
+from tritonlm.engine.loop import Engine
+from tritonlm.engine.sequence import Sequence
 from tritonlm.errors import InvalidRequest
-from tritonlm.model_runner import EngineSettings, ModelRunner
-from tritonlm.request import parse_request
-from tritonlm.sampling import SamplerInput, SamplingParams, _filter, sample
-from tritonlm.sequence import Sequence
+from tritonlm.sampling.sampler import SamplerInput, SamplingParams, _filter, sample
+from tritonlm.serving import pbtxt
+from tritonlm.serving.engine_inputs import parse_request
+from tritonlm.worker.model_runner import EngineSettings, ModelRunner
 
 
 def test_config_pbtxt_matches_the_contract():
@@ -329,7 +329,7 @@ def test_penalties_and_typical_p_match_transformers():
         ids, RepetitionPenaltyLogitsProcessor(1.3)(ids, logits.clone())
     )
     got = logits.clone()
-    from tritonlm.sampling import _apply_penalties, _banned_tokens
+    from tritonlm.sampling.sampler import _apply_penalties, _banned_tokens
 
     s = sampler_input(params, prompt=tokens[:2], output=tokens[2:])
     _apply_penalties(got, [s])
@@ -347,7 +347,7 @@ def test_presence_and_frequency_penalties():
     s = sampler_input(
         SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), prompt=[1], output=[3, 3, 4]
     )
-    from tritonlm.sampling import _apply_penalties
+    from tritonlm.sampling.sampler import _apply_penalties
 
     _apply_penalties(logits, [s])
     assert logits[0, 3].item() == pytest.approx(-1.0) and logits[0, 4].item() == pytest.approx(-0.75)

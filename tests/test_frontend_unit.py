@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from tritonclient.grpc import service_pb2
 
 from frontend.app import create_app
+from frontend.engine_client.triton import ENSEMBLE, INPUTS, PREPROCESSING, TritonClient, classify_error
 from frontend.errors import APIError
-from frontend.triton import ENSEMBLE, INPUTS, PREPROCESSING, TritonClient, classify_error
-from tritonlm.contract import NUMPY_DTYPES
+from tritonlm.serving.contract import NUMPY_DTYPES
 
 # ---------------------------------------------------------------------------------------------
 # A fake Triton: each "response" is a list of (id, piece, logprob, special); the ensemble's text of

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM
 
 from frontend.app import create_app
-from tritonlm.tokenization import load_tokenizer
+from tritonlm.text.tokenization import load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("servers")
 

@@ -11,9 +11,9 @@ import pytest
 from test_frontend_unit import ENDLESS, FakeTriton, _run_asgi, ensemble_inputs, events, response
 
 from frontend.app import create_app
+from frontend.engine_client.triton import ENSEMBLE, classify_error
 from frontend.errors import APIError
-from frontend.triton import ENSEMBLE, classify_error
-from tritonlm import contract
+from tritonlm.serving import contract
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
@@ -312,9 +312,9 @@ def test_databricks_tasks(monkeypatch):
     async def fake_embeddings(request, name, body):
         return {"embedded": name, "input": body["input"]}
 
-    import frontend.embeddings
+    import frontend.embeddings.routes
 
-    monkeypatch.setattr(frontend.embeddings, "embeddings_invocation", fake_embeddings)
+    monkeypatch.setattr(frontend.embeddings.routes, "embeddings_invocation", fake_embeddings)
     r = c.post("/serving-endpoints/e/invocations", json={"input": "x"})
     assert r.json() == {"embedded": "e", "input": "x"}
 
@@ -359,7 +359,7 @@ async def _run_asgi_at(app, path: str, body: dict, chunks: int | None) -> list[d
 
 
 # ---------------------------------------------------------------------------------------------
-# The frontend runs the ensemble's steps itself (frontend.pipeline), wired as the ensemble is.
+# The frontend runs the ensemble's steps itself (frontend.engine_client.pipeline), wired as the ensemble is.
 
 
 class StepsFake:
@@ -393,8 +393,8 @@ class StepsFake:
 
 
 def test_pipeline_wires_the_steps_like_the_ensemble():
-    from frontend.generation import step_outputs
-    from frontend.pipeline import Pipeline
+    from frontend.engine_client.pipeline import Pipeline
+    from frontend.engine_client.steps import step_outputs
 
     async def scenario(outputs):
         fake = StepsFake()

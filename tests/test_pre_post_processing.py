@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from test_detokenizer import TEXTS, build_byte_level, build_llama, build_metaspace
 
-from tritonlm import contract
-from tritonlm.postprocess import Postprocessor
-from tritonlm.preprocess import InvalidRequest, Preprocessor
-from tritonlm.tokenization import (
+from tritonlm.serving import contract
+from tritonlm.text.postprocess import Postprocessor
+from tritonlm.text.preprocess import InvalidRequest, Preprocessor
+from tritonlm.text.tokenization import (
     encode_prompt,
     generation_eos_ids,
     ids_to_list,
@@ -449,9 +449,9 @@ def test_postprocess_beam_rows_and_top_token_texts(chat_tokenizer) -> None:
 def test_engine_makes_postprocessing_text_when_asked(byte_level) -> None:
     """The engine's own text outputs (what the HTTP frontend asks for) equal what postprocessing
     makes of the same responses, and only the outputs asked for are built."""
-    from tritonlm.outputs import ResponseBuilder, response_tensors
-    from tritonlm.request import parse_request
-    from tritonlm.sequence import TokenTiming
+    from tritonlm.engine.sequence import TokenTiming
+    from tritonlm.serving.engine_inputs import parse_request
+    from tritonlm.serving.engine_outputs import ResponseBuilder, response_tensors
 
     ids = byte_level.encode("one 你好 STOP three", add_special_tokens=False) + [byte_level.eos_token_id]
     request = {
@@ -486,8 +486,8 @@ def test_engine_makes_postprocessing_text_when_asked(byte_level) -> None:
 def test_the_ensembles_engine_step_asks_for_no_text() -> None:
     # Triton asks a step for the outputs its output_map names: the engine makes text only for
     # clients that ask it directly, and the ensemble's text comes from postprocessing.
-    from tritonlm.pbtxt import ensemble_steps
-    from tritonlm.postprocess import TEXT_NAMES
+    from tritonlm.serving.pbtxt import ensemble_steps
+    from tritonlm.text.postprocess import TEXT_NAMES
 
     engine_outputs = set(ensemble_steps()["engine"][1])
     assert engine_outputs and not engine_outputs & TEXT_NAMES

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from tritonlm.block_manager import BlockManager
-from tritonlm.sampling import SamplingParams
-from tritonlm.scheduler import Batch, Scheduler
-from tritonlm.sequence import Sequence
+from tritonlm.engine.block_manager import BlockManager
+from tritonlm.engine.scheduler import Batch, Scheduler
+from tritonlm.engine.sequence import Sequence
+from tritonlm.sampling.sampler import SamplingParams
 
 
 def seq(n_prompt: int, max_new: int = 50, start: int = 0) -> Sequence:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from tritonlm import embedding_config
+from tritonlm.embedding import config as embedding_config
 
 pytestmark = pytest.mark.usefixtures("servers")
 

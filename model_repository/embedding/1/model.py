@@ -1,13 +1,14 @@
-"""Triton adapter for embedding: texts -> vectors. The logic is tritonlm.embedding."""
+"""Triton adapter for embedding: texts -> vectors. The logic is tritonlm.embedding.embedder."""
 
 from __future__ import annotations
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from tritonlm import contract, embedding_config, triton_glue
-from tritonlm.embedding import Embedder, with_instruction
+from tritonlm.embedding import config as embedding_config
+from tritonlm.embedding.embedder import Embedder, with_instruction
 from tritonlm.errors import InvalidRequest
+from tritonlm.serving import contract, triton_glue
 
 
 def _texts(inputs: dict[str, np.ndarray]) -> list[str]:

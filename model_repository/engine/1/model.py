@@ -14,15 +14,15 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
-from tritonlm import contract, triton_glue
-from tritonlm.detokenizer import IncrementalDetokenizer
-from tritonlm.engine import Engine
+from tritonlm.engine.loop import Engine
+from tritonlm.engine.sequence import Sequence
 from tritonlm.errors import overloaded_message
-from tritonlm.model_runner import EngineSettings, ModelRunner
-from tritonlm.outputs import ResponseBuilder
-from tritonlm.request import InvalidRequest, parse_request
-from tritonlm.sequence import Sequence
-from tritonlm.tokenization import load_tokenizer
+from tritonlm.serving import contract, triton_glue
+from tritonlm.serving.engine_inputs import InvalidRequest, parse_request
+from tritonlm.serving.engine_outputs import ResponseBuilder
+from tritonlm.text.detokenizer import IncrementalDetokenizer
+from tritonlm.text.tokenization import load_tokenizer
+from tritonlm.worker.model_runner import EngineSettings, ModelRunner
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 log = logging.getLogger("engine")

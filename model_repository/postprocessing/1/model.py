@@ -1,4 +1,4 @@
-"""Triton adapter for postprocessing: engine responses -> text. The logic is tritonlm.postprocess.
+"""Triton adapter for postprocessing: engine responses -> text. The logic is tritonlm.text.postprocess.
 
 Runs as one instance (config.pbtxt) because it keeps each streaming request's state between calls,
 and requests are handled in arrival order, so a stream's responses are decoded in order.
@@ -6,9 +6,9 @@ and requests are handled in arrival order, so a stream's responses are decoded i
 
 from __future__ import annotations
 
-from tritonlm import contract, triton_glue
-from tritonlm.postprocess import Postprocessor
-from tritonlm.tokenization import load_tokenizer
+from tritonlm.serving import contract, triton_glue
+from tritonlm.text.postprocess import Postprocessor
+from tritonlm.text.tokenization import load_tokenizer
 
 
 class TritonPythonModel:

@@ -1,10 +1,10 @@
-"""Triton adapter for preprocessing: text -> engine inputs. The logic is tritonlm.preprocess."""
+"""Triton adapter for preprocessing: text -> engine inputs. The logic is tritonlm.text.preprocess."""
 
 from __future__ import annotations
 
-from tritonlm import contract, triton_glue
-from tritonlm.preprocess import Preprocessor, max_seq_len
-from tritonlm.tokenization import generation_eos_ids, load_tokenizer
+from tritonlm.serving import contract, triton_glue
+from tritonlm.text.preprocess import Preprocessor, max_seq_len
+from tritonlm.text.tokenization import generation_eos_ids, load_tokenizer
 
 
 class TritonPythonModel:

@@ -1,0 +1,1 @@
+"""Databricks model serving (seed 002)."""

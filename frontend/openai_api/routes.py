@@ -1,0 +1,102 @@
+"""OpenAI-compatible text generation: `POST /v1/chat/completions` (seed 001) and
+`POST /v1/completions` (seed 004). The routes validate (openai_schema), resolve the model, and hand
+the jobs to `serve`, which the Databricks routes share; errors are raised and rendered by
+frontend.errors, in OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from frontend.engine_client.steps import Step
+from frontend.errors import APIError, openai_body
+from frontend.models import resolve_model
+from frontend.openai_api.format import Meta, Stream, response
+from frontend.openai_api.jobs import Job, Prompt, complete_all, first_item, prompt_tokens, stream_all
+from frontend.openai_api.schema import ChatCompletionRequest, CompletionRequest
+from frontend.streaming import EventStream, sse, until_disconnected
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+DONE = b"data: [DONE]\n\n"
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+    model = resolve_model(request, req.model, "generate")
+    meta = Meta("chat", model, full_text=request.app.state.stream_full_text)
+    return await serve(request, meta, [req.to_job()])
+
+
+@router.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request) -> Response:
+    model = resolve_model(request, req.model, "generate")
+    meta = Meta("completion", model, full_text=request.app.state.stream_full_text)
+    return await serve(request, meta, [req.to_job()])
+
+
+async def serve(request: Request, meta: Meta, jobs: list[Job]) -> Response:
+    """Run `jobs` (answered together) and respond: one JSON body, or an SSE stream that ends with
+    `data: [DONE]`. Whatever the client leaves early is cancelled in Triton."""
+    triton = request.app.state.triton
+    prompts: list[Prompt | None] = [None] * len(jobs)
+    if any(_lists_prompt(meta, job) for job in jobs):
+        prompts = await until_disconnected(request, _prompts(triton, meta, jobs))
+    if not jobs[0].stream:
+        choices = await until_disconnected(request, complete_all(triton, jobs))
+        return JSONResponse(response(meta, jobs, choices, prompts))
+    stream = Stream(meta, jobs, prompts)
+    if any(job.beam_search for job in jobs):  # beams are known only at the end: one chunk
+        choices = await until_disconnected(request, complete_all(triton, jobs))
+        return EventStream(_whole(stream.whole(choices)))
+    upstream = stream_all(triton, jobs)
+    # Wait for the first response before answering, so that errors Triton reports for the request
+    # (a prompt too long, …) still get their HTTP status instead of an SSE error event.
+    first = await until_disconnected(request, first_item(upstream))
+    return EventStream(_events(stream, first, upstream), upstream=upstream)
+
+
+def _lists_prompt(meta: Meta, job: Job) -> bool:
+    """Completions that echo with logprobs list the prompt's tokens too."""
+    return meta.kind == "completion" and job.echo and job.logprobs is not None and not meta.databricks
+
+
+async def _prompts(triton: Any, meta: Meta, jobs: list[Job]) -> list[Prompt | None]:
+    async def one(job: Job) -> Prompt | None:
+        return await prompt_tokens(triton, job) if _lists_prompt(meta, job) else None
+
+    return list(await asyncio.gather(*(one(job) for job in jobs)))
+
+
+async def _whole(chunk: dict[str, Any]) -> AsyncIterator[bytes]:
+    yield sse(chunk)
+    yield DONE
+
+
+async def _events(
+    stream: Stream, first: tuple[int, Step], upstream: AsyncGenerator[tuple[int, Step], None]
+) -> AsyncIterator[bytes]:
+    try:
+        item: tuple[int, Step] | None = first
+        while item is not None:
+            yield sse(stream.push(*item))
+            item = await anext(upstream, None)
+        if not stream.done:
+            raise APIError(500, "inference failed: the generation ended without a finish reason")
+    except APIError as exc:
+        yield sse(openai_body(exc))
+    except Exception:
+        # Headers are gone already: the error must travel as an event, the trace only to the log.
+        log.exception("generation stream failed")
+        yield sse(openai_body(APIError(500, "internal server error")))
+    finally:
+        with contextlib.suppress(Exception):
+            await upstream.aclose()
+    yield DONE

@@ -1,0 +1,505 @@
+"""Request bodies of the OpenAI-style APIs: `POST /v1/chat/completions` (seed 001),
+`POST /v1/completions` (seed 004) and Databricks' chat and completions tasks (seed 002).
+
+Every documented field with its type, range and default; JSON types are strict (no "true" strings,
+no 1.5 for an integer, no true for a number); `null` means "not given" for every optional field (the
+seeds' own examples send `"seed": null`, `"n": null` …); unknown fields are rejected, so no
+parameter is silently ignored. Rules that tie fields together are checked by `to_job`, which turns a
+request into the API-neutral `frontend.openai_api.jobs.Job` and raises a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+
+from frontend.errors import APIError
+from frontend.openai_api.jobs import Job
+
+MAX_INT32 = 2**31 - 1
+MAX_UINT64 = 2**64 - 1
+MAX_PROMPT_CHARS = 4 * 1024 * 1024  # "0 KB < characters <= 4 MB"
+MAX_STOP_CHARS = 32 * 1024  # seed 004: a stop string, or all of a list, at most 32768 characters
+MAX_SEQUENCES = 128  # n and best_of: [1, 128]
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+_CONFIG = ConfigDict(extra="forbid", strict=True)
+
+
+def bad_request(message: str, param: str) -> APIError:
+    return APIError(400, f"{param}: {message}", "invalid_request_error", param=param)
+
+
+def parse_body(model: type[BaseModel], body: Any) -> Any:
+    """Validate a body read as plain JSON (routes that pick the schema from the body's fields);
+    errors are reported exactly like FastAPI's own body validation."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors()]) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Field validators. Each raises ValueError with what the field allows; the error handler adds the
+# field's path.
+
+
+def _flag(value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError("must be a JSON boolean (true or false)")
+    return value
+
+
+Flag = Annotated[bool | None, BeforeValidator(_flag)]
+
+
+def number(
+    low: float,
+    high: float | None = None,
+    *,
+    integer: bool = False,
+    low_open: bool = False,
+    high_open: bool = False,
+    also: tuple[int, ...] = (),
+) -> Any:
+    """A JSON number in the interval [low, high] ("(" / ")" with *_open; no high: unbounded), or
+    one of `also` (e.g. top_k's -1)."""
+    kind = "an integer" if integer else "a number"
+    upper = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
+    interval = f"{'(' if low_open else '['}{low}, {upper}"
+    allowed = f"{kind} in {interval}" + "".join(f" or {a}" for a in also)
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        is_int = isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
+        if not (is_int if integer else is_int or isinstance(value, float)):
+            raise ValueError(f"must be {allowed}")
+        if value in also:
+            return value
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"must be {allowed}")
+        above = value > low if low_open else value >= low
+        below = high is None or (value < high if high_open else value <= high)
+        if not (above and below):
+            raise ValueError(f"must be {allowed}, got {value}")
+        return value
+
+    return BeforeValidator(check)
+
+
+def _stop(value: Any) -> list[str] | None:
+    """A string or a list of strings (seed 004's limits); a list, or None when empty."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) and s for s in value):
+        raise ValueError("must be a non-empty string or a list of non-empty strings")
+    if sum(len(s) for s in value) > MAX_STOP_CHARS:
+        raise ValueError(f"must have at most {MAX_STOP_CHARS} characters in all")
+    return value or None
+
+
+def _token_ids(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    ok = isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_INT32 for i in value
+    )
+    if not ok:
+        raise ValueError(f"must be a list of token ids (integers in [0, {MAX_INT32}])")
+    return value
+
+
+def _prompt_text(value: Any) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_PROMPT_CHARS:
+        raise ValueError(f"must be a non-empty string of at most {MAX_PROMPT_CHARS} characters")
+    return value
+
+
+def _prompts(value: Any) -> list[str]:
+    """Databricks: a string or a non-empty list of strings, each answered in the same response."""
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(p, str) and p for p in items):
+        raise ValueError("must be a non-empty string or a non-empty list of non-empty strings")
+    if sum(len(p) for p in items) > MAX_PROMPT_CHARS:
+        raise ValueError(f"must have at most {MAX_PROMPT_CHARS} characters in all")
+    return items
+
+
+Stop = Annotated[list[str] | None, BeforeValidator(_stop, json_schema_input_type=str | list[str] | None)]
+TokenIds = Annotated[list[int] | None, BeforeValidator(_token_ids)]
+Penalty = Annotated[float | None, number(-2.0, 2.0)]
+Seed = Annotated[int | None, number(0, MAX_UINT64, integer=True)]
+MaxTokens = Annotated[int | None, number(0, MAX_INT32, integer=True, low_open=True)]
+Count = Annotated[int | None, number(1, MAX_SEQUENCES, integer=True)]
+TopP = Annotated[float | None, number(1e-6, 1.0, low_open=True)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat messages (seed 001, seed 002's ChatMessage).
+
+
+class FunctionCall(BaseModel):
+    model_config = _CONFIG
+    name: str
+    arguments: str | dict[str, Any]  # OpenAI sends a JSON string, Databricks an object
+
+
+class ToolCall(BaseModel):
+    model_config = _CONFIG
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class TextPart(BaseModel):
+    model_config = _CONFIG
+    type: Literal["text"]
+    text: str
+
+
+def _content(value: Any) -> Any:
+    """A string, or a list of text parts; other part types (image_url, …) need a multimodal model."""
+    if isinstance(value, list):
+        for i, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise ValueError(
+                    f"content[{i}] has type {kind!r}: this model is text-only, content parts must be "
+                    '{"type": "text", "text": "..."}'
+                )
+    return value
+
+
+class ChatMessage(BaseModel):
+    model_config = _CONFIG
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Annotated[str | list[TextPart] | None, BeforeValidator(_content)] = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _roles(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message has tool calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id: required when role is tool")
+        if self.role != "tool" and self.tool_call_id is not None:
+            raise ValueError("tool_call_id: only a tool message has one")
+        if self.content is None and not self.tool_calls:
+            raise ValueError("content: required (only an assistant message with tool_calls may omit it)")
+        return self
+
+    def chars(self) -> int:
+        if isinstance(self.content, list):
+            return sum(len(p.text) for p in self.content)
+        return len(self.content or "")
+
+
+def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    if not messages:
+        raise bad_request("must have at least one message", "messages")
+    if sum(m.chars() for m in messages) > MAX_PROMPT_CHARS:
+        raise bad_request(f"must have at most {MAX_PROMPT_CHARS} characters of content in all", "messages")
+    return [m.model_dump(exclude_none=True) for m in messages]
+
+
+class StreamOptions(BaseModel):
+    model_config = _CONFIG
+    include_usage: Flag = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared rules between fields.
+
+
+def _sequences(job: Job, n: int | None, best_of: int | None, use_beam_search: bool, stream: bool) -> None:
+    """n, best_of and beam search (seeds 001/004): best_of >= n; more than one sequence needs
+    temperature > 0; streaming needs best_of == n (nothing can be ranked before the end)."""
+    job.n = n or 1
+    job.beam_search = use_beam_search
+    if use_beam_search:  # "best_of is not checked when use_beam_search is true"
+        job.best_of = max(job.n, best_of or 1)
+        for param, value in (("stop", job.stop), ("stop_token_ids", job.stop_token_ids)):
+            if value:
+                raise bad_request("cannot be used with use_beam_search", param)
+        # Beam search follows the log probabilities (at temperature 1); it does not sample.
+        sampling = (("temperature", job.temperature not in (0.0, 1.0)), ("top_p", job.top_p < 1.0))
+        for param, changed in (*sampling, ("top_k", job.top_k > 0)):
+            if changed:
+                raise bad_request("beam search does not sample: leave it unset (temperature 1 or 0)", param)
+        return
+    job.best_of = best_of or job.n
+    if job.best_of < job.n:
+        raise bad_request(f"must be >= n ({job.n}), got {job.best_of}", "best_of")
+    for param, value in (("n", job.n), ("best_of", job.best_of)):
+        if value > 1 and job.temperature == 0:
+            raise bad_request(f"{value} sequences need temperature > 0 (temperature 0 is greedy)", param)
+    if stream and job.best_of != job.n:
+        raise bad_request("must equal n when stream is true", "best_of")
+
+
+def _max_tokens(job: Job, min_tokens: int | None, param: str) -> None:
+    if min_tokens:
+        job.min_tokens = min_tokens
+        if job.max_tokens is not None and min_tokens > job.max_tokens:
+            raise bad_request(f"must be <= {param} ({job.max_tokens}), got {min_tokens}", "min_tokens")
+
+
+def _stream_usage(stream: bool, options: StreamOptions | None) -> bool:
+    if options is None:
+        return True  # seeds 001/004: the last chunk carries the usage
+    if not stream:
+        raise bad_request("only allowed when stream is true", "stream_options")
+    return options.include_usage is not False
+
+
+def _sampling(request: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
+    """The Job fields chat and completions requests share, with the documented defaults."""
+    return {
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "top_k": _top_k(request.top_k),
+        "seed": request.seed,
+        "presence_penalty": request.presence_penalty or 0.0,
+        "frequency_penalty": request.frequency_penalty or 0.0,
+        "repetition_penalty": request.repetition_penalty or 1.0,
+        "stop": request.stop or [],
+        "stop_token_ids": request.stop_token_ids or [],
+        "include_stop_str_in_output": bool(request.include_stop_str_in_output),
+        "skip_special_tokens": request.skip_special_tokens is not False,
+        "ignore_eos": bool(request.ignore_eos),
+        "stream": bool(request.stream),
+        "stream_usage": _stream_usage(bool(request.stream), request.stream_options),
+    }
+
+
+def _top_k(value: int | None) -> int:
+    return 0 if value is None or value <= 0 else value  # -1 (and 0) mean "no limit"; engine: 0
+
+
+# ---------------------------------------------------------------------------------------------
+# POST /v1/chat/completions (seed 001)
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = _CONFIG
+
+    model: str
+    messages: list[ChatMessage]
+    stream: Flag = None
+    stream_options: StreamOptions | None = None
+    presence_penalty: Penalty = None
+    frequency_penalty: Penalty = None
+    repetition_penalty: Annotated[float | None, number(0.0, 2.0, low_open=True)] = None
+    temperature: Annotated[float | None, number(0.0, 2.0)] = None
+    top_p: TopP = None
+    # Documented as (0, 2147483647]; the seed's own example sends 0, so 0 and -1 mean "no limit".
+    top_k: Annotated[int | None, number(0, MAX_INT32, integer=True, also=(-1,))] = None
+    seed: Seed = None
+    stop: Stop = None
+    stop_token_ids: TokenIds = None
+    include_stop_str_in_output: Flag = None
+    skip_special_tokens: Flag = None
+    ignore_eos: Flag = None
+    max_tokens: MaxTokens = None
+    max_completion_tokens: MaxTokens = None  # OpenAI's newer name for max_tokens
+    min_tokens: Annotated[int | None, number(0, MAX_INT32, integer=True)] = None
+    use_beam_search: Flag = None
+    best_of: Count = None
+    n: Count = None
+    logprobs: Flag = None
+    top_logprobs: Annotated[int | None, number(0, MAX_TOP_LOGPROBS, integer=True)] = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Function calling is not implemented: only "no tools" is accepted.
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    def to_job(self) -> Job:
+        _no_tools(self.tools, self.tool_choice)
+        max_tokens = self.max_completion_tokens or self.max_tokens
+        if self.max_tokens and self.max_completion_tokens and self.max_tokens != self.max_completion_tokens:
+            raise bad_request("must equal max_tokens when both are given", "max_completion_tokens")
+        job = Job(
+            messages=_messages(self.messages),
+            chat_template_kwargs=self.chat_template_kwargs,
+            max_tokens=max_tokens,
+            **_sampling(self),
+            prompt_param="messages",
+            max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
+        )
+        _max_tokens(job, self.min_tokens, job.max_tokens_param)
+        _chat_logprobs(job, self.logprobs, self.top_logprobs)
+        _sequences(job, self.n, self.best_of, bool(self.use_beam_search), job.stream)
+        return job
+
+
+def _no_tools(tools: list[Any] | None, tool_choice: Any) -> None:
+    if tools:
+        raise bad_request("function calling is not supported by this server", "tools")
+    if tool_choice not in (None, "none"):
+        raise bad_request('function calling is not supported by this server; only "none"', "tool_choice")
+
+
+def _chat_logprobs(job: Job, logprobs: bool | None, top_logprobs: int | None) -> None:
+    """Seed 001: a top_logprobs value without logprobs turns logprobs on; logprobs false with
+    alternatives asked for is a contradiction."""
+    if logprobs is False and top_logprobs:
+        raise bad_request("needs logprobs true", "top_logprobs")
+    if logprobs or top_logprobs is not None:
+        job.logprobs = top_logprobs or 0
+
+
+# ---------------------------------------------------------------------------------------------
+# POST /v1/completions (seed 004)
+
+
+class CompletionRequest(BaseModel):
+    model_config = _CONFIG
+
+    model: str
+    prompt: Annotated[str, BeforeValidator(_prompt_text, json_schema_input_type=str)]
+    use_beam_search: Flag = None
+    best_of: Count = None
+    n: Count = None
+    logprobs: Annotated[int | None, number(0, MAX_COMPLETION_LOGPROBS, integer=True)] = None
+    max_tokens: MaxTokens = None
+    min_tokens: Annotated[int | None, number(0, MAX_INT32, integer=True)] = None
+    seed: Annotated[int | None, number(0, MAX_UINT64, integer=True, low_open=True)] = None
+    stop: Stop = None
+    stream: Flag = None
+    stream_options: StreamOptions | None = None
+    repetition_penalty: Annotated[float | None, number(0.0, 2.0, low_open=True)] = None
+    presence_penalty: Penalty = None
+    frequency_penalty: Penalty = None
+    temperature: Annotated[float | None, number(0.0)] = None  # 0: greedy
+    top_p: TopP = None
+    top_k: Annotated[int | None, number(0, MAX_INT32, integer=True, low_open=True, also=(-1,))] = None
+    stop_token_ids: TokenIds = None
+    include_stop_str_in_output: Flag = None
+    ignore_eos: Flag = None
+    skip_special_tokens: Flag = None
+    echo: Flag = None
+
+    def to_job(self) -> Job:
+        job = Job(
+            prompt=self.prompt,
+            max_tokens=self.max_tokens,
+            **_sampling(self),
+            logprobs=self.logprobs,
+            echo=bool(self.echo),
+        )
+        _max_tokens(job, self.min_tokens, "max_tokens")
+        _sequences(job, self.n, self.best_of, bool(self.use_beam_search), job.stream)
+        return job
+
+
+# ---------------------------------------------------------------------------------------------
+# Databricks (seed 002): POST /serving-endpoints/{name}/invocations with the chat or completions
+# task, and POST /serving-endpoints/chat/completions | /completions with `model` naming the endpoint.
+
+DatabricksMaxTokens = Annotated[int | None, number(0, MAX_INT32, integer=True, low_open=True)]
+DatabricksTemperature = Annotated[float | None, number(0.0, 2.0)]
+DatabricksTopP = Annotated[float | None, number(0.0, 1.0, low_open=True)]
+DatabricksTopK = Annotated[int | None, number(0, MAX_INT32, integer=True, low_open=True)]
+
+
+def _databricks_sampling(request: DatabricksChatRequest | DatabricksCompletionRequest) -> dict[str, Any]:
+    """The Job fields both Databricks tasks share, with the documented defaults."""
+    return {
+        "max_tokens": request.max_tokens,
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "top_k": request.top_k or 0,
+        "stop": request.stop or [],
+        "stream": bool(request.stream),
+    }
+
+
+class ResponseFormat(BaseModel):
+    model_config = _CONFIG
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class DatabricksChatRequest(BaseModel):
+    model_config = _CONFIG
+
+    messages: list[ChatMessage]
+    max_tokens: DatabricksMaxTokens = None  # null: no limit but the model's context
+    stream: Flag = None
+    temperature: DatabricksTemperature = None
+    top_p: DatabricksTopP = None
+    top_k: DatabricksTopK = None
+    stop: Stop = None
+    n: Annotated[int | None, number(1, MAX_SEQUENCES, integer=True)] = None
+    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: Flag = None
+    top_logprobs: Annotated[int | None, number(0, MAX_TOP_LOGPROBS, integer=True)] = None
+
+    def to_job(self) -> Job:
+        _no_tools(self.tools, self.tool_choice)
+        if self.response_format is not None and self.response_format.type != "text":
+            raise bad_request(
+                'structured outputs are not supported by this server; only "text"', "response_format"
+            )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("needs logprobs true", "top_logprobs")  # seed 002's rule
+        job = Job(
+            messages=_messages(self.messages),
+            **_databricks_sampling(self),
+            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            prompt_param="messages",
+        )
+        job.n = job.best_of = self.n or 1  # Databricks has no n > 1 temperature rule
+        return job
+
+
+class DatabricksCompletionRequest(BaseModel):
+    model_config = _CONFIG
+
+    prompt: Annotated[list[str], BeforeValidator(_prompts, json_schema_input_type=str | list[str])]
+    max_tokens: DatabricksMaxTokens = None
+    stream: Flag = None
+    temperature: DatabricksTemperature = None
+    top_p: DatabricksTopP = None
+    top_k: DatabricksTopK = None
+    error_behavior: Literal["truncate", "error"] | None = None
+    n: Annotated[int | None, number(1, MAX_SEQUENCES, integer=True)] = None
+    stop: Stop = None
+    suffix: str | None = None
+    echo: Flag = None
+    # Completion prompts are never templated here, so the prompt always goes to the model as is.
+    use_raw_prompt: Flag = None
+
+    def to_jobs(self) -> list[Job]:
+        """One job per prompt; their choices are answered together."""
+        jobs = []
+        for prompt in self.prompt:
+            job = Job(
+                prompt=prompt,
+                **_databricks_sampling(self),
+                echo=bool(self.echo),
+                suffix=self.suffix or "",
+                truncate_to_fit=self.error_behavior == "truncate",
+            )
+            job.n = job.best_of = self.n or 1
+            jobs.append(job)
+        return jobs
+
+
+class NamedDatabricksChatRequest(DatabricksChatRequest):
+    """`POST /serving-endpoints/chat/completions`: the OpenAI SDK's path, `model` names the endpoint."""
+
+    model: str
+
+
+class NamedDatabricksCompletionRequest(DatabricksCompletionRequest):
+    model: str

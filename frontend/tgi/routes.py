@@ -1,0 +1,203 @@
+"""TGI-compatible text generation, `POST /` (seed 000): JSON in, one JSON list or an SSE stream out.
+
+The route validates (tgi_schema), turns the parameters into ensemble inputs (`plan`), and shapes the
+ensemble's steps into TGI's JSON; errors are raised, and rendered by frontend.errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import JSONResponse, Response
+
+from frontend.engine_client.steps import Generation, Step, Token, Triton, generate, steps
+from frontend.engine_client.triton import ENSEMBLE, PREPROCESSING, tensors
+from frontend.errors import APIError
+from frontend.streaming import EventStream, sse, until_disconnected
+from frontend.tgi.schema import DEFAULT_MAX_NEW_TOKENS, GenerateRequest
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+# The engine's finish reasons in TGI's words. Seed 000 files a cancelled/stopped request under
+# "stop_sequence".
+FINISH_REASONS = {
+    "end_id": "eos_token",
+    "stop_words": "stop_sequence",
+    "length": "length",
+    "cancelled": "stop_sequence",
+}
+# A random seed the frontend picks when sampling without one; 32 bits, like the seeds in seed 000's
+# examples, so JavaScript clients can send it back exactly.
+_SEED_RANGE = 2**32 - 1
+
+
+def get_triton(request: Request) -> Triton:
+    return request.app.state.triton
+
+
+@dataclass
+class Plan:
+    inputs: dict[str, np.ndarray]
+    seed: int | None  # the seed used when sampling (reported in details); None when greedy
+    with_logprobs: bool
+
+
+def plan(req: GenerateRequest) -> Plan:
+    """The ensemble inputs for a request. Only what the request decides is sent; for the rest the
+    engine's defaults apply (greedy: runtime_top_k 0 and runtime_top_p 0)."""
+    p = req.parameters
+    values: dict[str, Any] = {
+        "text_input": req.inputs,
+        "max_tokens": p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+        "stream": req.stream,
+    }
+    seed = None
+    if req.is_sampling():
+        seed = p.seed if p.seed is not None else secrets.randbelow(_SEED_RANGE) + 1
+        values["temperature"] = p.temperature if p.temperature is not None else 1.0
+        # top_p 1.0 tells the engine "sample, no top-p limit" (0 would mean greedy).
+        values["top_p"] = p.top_p if p.top_p is not None else 1.0
+        values["random_seed"] = seed
+        if p.top_k is not None:
+            values["top_k"] = p.top_k
+        if p.typical_p is not None:
+            values["typical_p"] = p.typical_p
+    if p.repetition_penalty is not None:
+        values["repetition_penalty"] = p.repetition_penalty
+    if p.watermark:
+        values["watermark"] = True
+    if p.stop:
+        values["stop_words"] = p.stop
+    if p.truncate is not None:
+        values["truncate"] = p.truncate
+    with_logprobs = p.details or p.decoder_input_details
+    if with_logprobs:
+        values["return_log_probs"] = True
+    return Plan(tensors(ENSEMBLE, **values), seed, with_logprobs)
+
+
+def _finish(reason: str) -> str:
+    return FINISH_REASONS.get(reason, reason)
+
+
+def _token(tok: Token) -> dict[str, Any]:
+    return {"id": tok.id, "logprob": tok.logprob, "special": tok.special, "text": tok.text}
+
+
+async def _prefill(triton: Triton, req: GenerateRequest) -> list[dict[str, Any]]:
+    """The prompt's tokens, from the preprocessing model itself (the frontend has no tokenizer)."""
+    p = req.parameters
+    max_tokens = p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    values: dict[str, Any] = {"text_input": req.inputs, "max_tokens": max_tokens}
+    if p.truncate is not None:
+        values["truncate"] = p.truncate
+    out = await triton.infer(PREPROCESSING, tensors(PREPROCESSING, **values))
+    ids = [int(i) for i in out["input_ids"].reshape(-1)]
+    texts = [t.decode("utf-8", "replace") for t in out.get("input_token_texts", np.array([])).reshape(-1)]
+    # Prompt logprobs are not computed and whether a prompt token is special is not reported: null.
+    return [
+        {"id": i, "logprob": None, "special": None, "text": texts[n] if n < len(texts) else None}
+        for n, i in enumerate(ids)
+    ]
+
+
+@router.post("/")
+async def generate_text(
+    req: GenerateRequest, request: Request, triton: Annotated[Triton, Depends(get_triton)]
+) -> Response:
+    p = req.parameters
+    job = plan(req)
+    if req.stream:
+        upstream = steps(triton, job.inputs, job.with_logprobs)
+        # Wait for the first response before answering, so that errors Triton reports for the
+        # request (a prompt too long, …) still get their HTTP status instead of an SSE error event.
+        first = await until_disconnected(request, _first(upstream))
+        return EventStream(_events(req, job, first, upstream), upstream=upstream)
+
+    prefill = await until_disconnected(request, _prefill(triton, req)) if p.decoder_input_details else []
+    gen = await until_disconnected(request, generate(triton, job.inputs, job.with_logprobs))
+    item: dict[str, Any] = {}
+    if p.details or p.decoder_input_details:
+        item["details"] = {
+            "prompt_tokens": gen.prompt_tokens,
+            "finish_reason": _finish(gen.finish_reason),
+            "generated_tokens": len(gen.tokens),
+            "prefill": prefill,
+            "seed": job.seed,
+            "tokens": [_token(t) for t in gen.tokens],
+        }
+    item["generated_text"] = (req.inputs if p.return_full_text else "") + gen.text
+    return JSONResponse([item])
+
+
+async def _first(upstream: AsyncIterator[Step]) -> Step:
+    async for step in upstream:
+        return step
+    raise APIError(500, "inference failed: Triton returned no response")
+
+
+def _event(token_id: list[int], text: str, logprob: float | None, special: bool) -> dict[str, Any]:
+    return {
+        "token": {"id": token_id, "text": text, "logprob": logprob, "special": special},
+        "generated_text": None,
+        "details": None,
+    }
+
+
+def _step_events(step: Step, carry: str) -> list[dict[str, Any]]:
+    """One event per token; the step's new text (after any text carried over) goes on its last."""
+    events = [_event([t.id], "", t.logprob, t.special) for t in step.tokens]
+    if events:
+        events[-1]["token"]["text"] = carry + step.text
+    return events
+
+
+async def _events(
+    req: GenerateRequest, job: Plan, first: Step, upstream: AsyncGenerator[Step, None]
+) -> AsyncIterator[bytes]:
+    p = req.parameters
+    gen = Generation()
+    carry = ""  # text that arrived without a token, sent with the next token
+    try:
+        step: Step | None = first
+        while step is not None:
+            gen.add(step)
+            events = _step_events(step, carry)
+            carry = "" if events else carry + step.text
+            if step.finish_reason:
+                if not events:  # the final response carried no token: the text still needs an event
+                    events = [_event([], carry, None, False)]
+                events[-1]["generated_text"] = (req.inputs if p.return_full_text else "") + gen.text
+                if p.details:
+                    events[-1]["details"] = {
+                        "prompt_tokens": gen.prompt_tokens,
+                        "finish_reason": _finish(gen.finish_reason),
+                        "generated_tokens": len(gen.tokens),
+                        "seed": job.seed,
+                    }
+            for event in events:
+                yield sse(event)
+            if step.finish_reason:
+                break
+            step = await anext(upstream, None)
+        else:
+            raise APIError(500, "inference failed: the generation ended without a finish reason")
+        async for _ in upstream:  # let Triton's final (empty) response end the gRPC stream cleanly
+            pass
+    except APIError as exc:
+        yield sse(exc.body())
+    except Exception:
+        # Headers are gone already: the error must travel as an event, the trace only to the log.
+        log.exception("generation stream failed")
+        yield sse({"error": "internal server error", "error_type": "internal"})
+    finally:
+        with contextlib.suppress(Exception):
+            await upstream.aclose()

@@ -1,0 +1,208 @@
+"""Fixed-size KV-cache blocks: allocation, reference counts, prefix caching and copy-on-write.
+
+The cache is one pool of `num_blocks` blocks of `block_size` token positions (kv_cache.PagedKVCache
+holds the tensors; this module only does the bookkeeping). A sequence's `block_table` lists its
+blocks in order; position p of the sequence lives in block `block_table[p // block_size]`.
+
+Prefix caching: once a block is full and its keys/values are (being) computed, it is registered
+under a key made of its tokens and the hash of the blocks before it, so the key names the whole
+prefix. A later sequence whose prompt starts with the same tokens takes those blocks (reference
+count + 1) instead of computing them again. A block nobody uses any more keeps its key and stays
+reusable until a fresh block is needed and none is free: then the least recently released one is
+evicted (its key dropped).
+
+Blocks are shared by reference count: through the prefix cache, and through `fork` (a child
+sequence starts with its parent's table, e.g. beams of a beam search). A sequence never writes into
+a block others use, except the partially filled last block of a fork: `append_slots` then gives it a
+private copy (copy-on-write) and queues the (source, destination) pair in `pending_copies`; the
+model runner copies the keys/values before the next forward writes anything.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from tritonlm.engine.sequence import Sequence
+
+# Key of a full block: (hash of the previous block's key, or -1 for the first block; its tokens).
+BlockKey = tuple[int, tuple[int, ...]]
+
+
+@dataclass
+class BlockStats:
+    blocks_total: int
+    blocks_used: int  # held by at least one sequence
+    blocks_cached: int  # free, but holding a registered prefix (reusable until evicted)
+    prefix_queries: int  # prompt tokens looked up in the prefix cache
+    prefix_hits: int  # of which found cached
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need at least one block of at least one token, got {num_blocks}×{block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_count = [0] * num_blocks
+        self.block_key: list[BlockKey | None] = [None] * num_blocks
+        self.cached: dict[BlockKey, int] = {}  # key -> block holding that prefix
+        self.free_plain = list(range(num_blocks - 1, -1, -1))  # unused, no key; a stack (low ids first)
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # unused, with a key; oldest first
+        self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet applied
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # -- queries -------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be handed out now (free ones plus cached ones nobody uses)."""
+        return len(self.free_plain) + len(self.evictable)
+
+    def stats(self) -> BlockStats:
+        return BlockStats(
+            blocks_total=self.num_blocks,
+            blocks_used=self.num_blocks - self.num_free,
+            blocks_cached=len(self.evictable),
+            prefix_queries=self.prefix_queries,
+            prefix_hits=self.prefix_hits,
+        )
+
+    def blocks_needed(self, seq: Sequence, num_new: int) -> int:
+        """Fresh blocks `seq` needs to write `num_new` more tokens (copy-on-write included)."""
+        total = -(-(seq.num_computed + num_new) // self.block_size)
+        needed = max(total - len(seq.block_table), 0)
+        if num_new and self._needs_copy(seq):
+            needed += 1
+        return needed
+
+    def can_append(self, seq: Sequence, num_new: int) -> bool:
+        return self.blocks_needed(seq, num_new) <= self.num_free
+
+    def lookup(self, seq: Sequence) -> list[int]:
+        """Blocks that already hold a prefix of `seq`'s tokens (no side effects). At least the last
+        token is always left out, since its logits must be computed."""
+        if not self.enable_prefix_caching or seq.needs_prompt_logits:
+            return []
+        hits = []
+        parent = -1
+        for i in range((seq.num_tokens - 1) // self.block_size):
+            key = self._key(seq, i, parent)
+            block = self.cached.get(key)
+            if block is None:
+                break
+            hits.append(block)
+            parent = hash(key)
+        return hits
+
+    def can_allocate(self, seq: Sequence, hits: list[int], num_new: int) -> bool:
+        """Whether `seq` can take the cached blocks `hits` plus blocks for `num_new` tokens after them."""
+        taken = sum(1 for b in hits if self.ref_count[b] == 0)  # cached but unused: counted as free now
+        total = -(-(len(hits) * self.block_size + num_new) // self.block_size)
+        return taken + total - len(hits) <= self.num_free
+
+    # -- changes -------------------------------------------------------------------------------
+    def allocate(self, seq: Sequence, hits: list[int]) -> int:
+        """Gives a sequence without blocks the cached blocks `hits` (from `lookup`); returns the
+        number of tokens they hold, which become `seq.num_computed`."""
+        assert not seq.block_table, "allocate is for a sequence without blocks"
+        for block in hits:
+            if self.ref_count[block] == 0:
+                del self.evictable[block]
+            self.ref_count[block] += 1
+        seq.block_table = list(hits)
+        seq.num_computed = len(hits) * self.block_size
+        if self.enable_prefix_caching and not seq.needs_prompt_logits:
+            self.prefix_queries += seq.num_tokens
+            self.prefix_hits += seq.num_computed
+        return seq.num_computed
+
+    def append_slots(self, seq: Sequence, num_new: int) -> None:
+        """Makes room for `num_new` more tokens after `seq.num_computed`; the caller checked
+        `can_append`."""
+        if num_new and self._needs_copy(seq):
+            index = seq.num_computed // self.block_size
+            source = seq.block_table[index]
+            copy = self._take_fresh()
+            self.pending_copies.append((source, copy))
+            self._release(source)
+            seq.block_table[index] = copy
+        total = -(-(seq.num_computed + num_new) // self.block_size)
+        while len(seq.block_table) < total:
+            seq.block_table.append(self._take_fresh())
+
+    def cache_full_blocks(self, seq: Sequence, upto: int) -> None:
+        """Registers `seq`'s full blocks within its first `upto` tokens in the prefix cache. Called
+        when a step is scheduled: the step writes every token's keys/values before any attention
+        reads them, so a sequence scheduled later in the same step may already reuse them."""
+        if not self.enable_prefix_caching:
+            return
+        for i in range(len(seq.block_hashes), upto // self.block_size):
+            key = self._key(seq, i, seq.block_hashes[i - 1] if i else -1)
+            seq.block_hashes.append(hash(key))
+            block = seq.block_table[i]
+            if key not in self.cached and self.block_key[block] is None:
+                self.cached[key] = block
+                self.block_key[block] = key
+
+    def free(self, seq: Sequence) -> None:
+        """Releases all of `seq`'s blocks, last first (so a prefix outlives its continuations)."""
+        for block in reversed(seq.block_table):
+            self._release(block)
+        seq.block_table = []
+        seq.num_computed = 0
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """The child shares every block of the parent (reference counts + 1) and continues from the
+        same point; a write into a shared, partially filled block copies it first."""
+        assert not child.block_table, "fork into a sequence without blocks"
+        for block in parent.block_table:
+            self.ref_count[block] += 1
+        child.block_table = list(parent.block_table)
+        child.num_computed = parent.num_computed
+        child.block_hashes = list(parent.block_hashes)
+
+    def take_pending_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def reset_prefix_cache(self) -> None:
+        """Forgets every registered prefix (used after a failed step, whose blocks may be garbage).
+        Blocks in use keep their contents; only their keys go."""
+        for block in self.cached.values():
+            self.block_key[block] = None
+            if block in self.evictable:
+                del self.evictable[block]
+                self.free_plain.append(block)
+        self.cached.clear()
+
+    # -- internals -----------------------------------------------------------------------------
+    def _key(self, seq: Sequence, i: int, parent: int) -> BlockKey:
+        start = i * self.block_size
+        return (parent, tuple(seq.token_slice(start, start + self.block_size)))
+
+    def _needs_copy(self, seq: Sequence) -> bool:
+        """The block the next token goes into is partially filled and shared."""
+        offset = seq.num_computed % self.block_size
+        index = seq.num_computed // self.block_size
+        return offset != 0 and index < len(seq.block_table) and self.ref_count[seq.block_table[index]] > 1
+
+    def _take_fresh(self) -> int:
+        if self.free_plain:
+            block = self.free_plain.pop()
+        else:
+            block, _ = self.evictable.popitem(last=False)  # the least recently released prefix
+            del self.cached[self.block_key[block]]
+            self.block_key[block] = None
+        self.ref_count[block] = 1
+        return block
+
+    def _release(self, block: int) -> None:
+        self.ref_count[block] -= 1
+        assert self.ref_count[block] >= 0, f"block {block} released more often than taken"
+        if self.ref_count[block] == 0:
+            if self.block_key[block] is not None:
+                self.evictable[block] = None
+            else:
+                self.free_plain.append(block)

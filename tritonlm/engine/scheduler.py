@@ -1,0 +1,186 @@
+"""Chooses the work of each forward step: decodes, prefill chunks, admissions and preemptions.
+
+Every step has a token budget (`max_num_batched_tokens`) and at most `max_num_seqs` sequences run
+(hold KV blocks). A step takes, in this order:
+
+1. one token for every running sequence that is decoding (oldest first);
+2. the next chunk of every running sequence still feeding its prompt (or recomputing after a
+   preemption), as much of it as the budget allows;
+3. waiting sequences, first come first served, while the budget, `max_num_seqs` and the free blocks
+   allow; a prompt's blocks found in the prefix cache are taken instead of computed.
+
+So a long prompt is split over several steps and never holds the decoding streams up for more than
+one budget's worth of tokens. A sequence is sampled only when its chunk reaches its last token.
+
+When a running sequence needs a block and none is free, the newest running sequence is preempted:
+its blocks are released and it goes back to the front of the waiting queue, to be recomputed
+(prompt and generated tokens, often mostly from the prefix cache) when blocks free up. Nothing it
+generated is lost, so its output is the same as if it had never been interrupted.
+
+The scheduler is not thread-safe: the engine calls it from its loop thread, `add` under its lock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from tritonlm.engine.block_manager import BlockManager
+from tritonlm.engine.sequence import Sequence
+
+
+@dataclass
+class Batch:
+    """One step's work: feed `num_new[i]` tokens of `seqs[i]`; sample those with `sample[i]`."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new: list[int] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def sample(self) -> list[bool]:
+        return [s.num_computed + n == s.num_tokens for s, n in zip(self.seqs, self.num_new, strict=True)]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def _add(self, seq: Sequence, n: int) -> None:
+        self.seqs.append(seq)
+        self.num_new.append(n)
+
+    def _remove(self, seq: Sequence) -> int:
+        """Takes `seq` out of the batch if it is in; returns the tokens it had been given."""
+        for i, s in enumerate(self.seqs):
+            if s is seq:
+                del self.seqs[i]
+                return self.num_new.pop(i)
+        return 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_queue_size: int = 0,
+    ):
+        self.blocks = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_queue_size = max_queue_size  # 0: unbounded
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is the newest
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> bool:
+        """Queues a new sequence; False (and nothing queued) when the waiting queue is full: it holds
+        `max_queue_size` sequences beyond those the free running places will take at the next step
+        (so a burst that fits in those places is never refused)."""
+        free_places = max(self.max_num_seqs - len(self.running), 0)
+        if self.max_queue_size and len(self.waiting) >= self.max_queue_size + free_places:
+            return False
+        self.waiting.append(seq)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Removes a finished (or cancelled) sequence, running or waiting, and frees its blocks."""
+        for queue in (self.running, self.waiting):
+            for i, s in enumerate(queue):
+                if s is seq:  # by identity: Sequence's dataclass == compares every field
+                    del queue[i]
+                    self.blocks.free(seq)
+                    return
+        self.blocks.free(seq)
+
+    def schedule(self) -> Batch:
+        batch = Batch()
+        budget = self.max_num_batched_tokens
+        bs = self.blocks.block_size
+
+        # 1. Decodes, oldest first; a decode short of a block preempts the newest sequence.
+        for seq in [s for s in self.running if s.num_tokens - s.num_computed == 1]:
+            if budget == 0:
+                break
+            if not seq.block_table:  # preempted for an older one in this loop
+                continue
+            while not self.blocks.can_append(seq, 1):
+                victim = self._newest_after(seq)
+                self._preempt(victim or seq, batch)
+                if victim is None:
+                    break
+            else:
+                self.blocks.append_slots(seq, 1)
+                batch._add(seq, 1)
+                budget -= 1
+
+        # 2. Running sequences still feeding their prompt: the next chunk each, oldest first.
+        for seq in [s for s in self.running if s.num_tokens - s.num_computed > 1]:
+            if budget == 0:
+                break
+            if not seq.block_table:  # preempted for an older one in this loop
+                continue
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            while not self.blocks.can_append(seq, n):
+                victim = self._newest_after(seq)
+                if victim is None:  # take the part that fits in the free blocks
+                    room = (len(seq.block_table) + self.blocks.num_free) * bs - seq.num_computed
+                    n = max(min(n, room), 0)
+                    if not self.blocks.can_append(seq, n):  # a copy-on-write needs one more
+                        n = 0
+                    break
+                budget += self._preempt(victim, batch)
+            if n > 0:
+                self.blocks.append_slots(seq, n)
+                batch._add(seq, n)
+                budget -= n
+        # What the running sequences compute this step may serve the admissions below.
+        for seq, n in zip(batch.seqs, batch.num_new, strict=True):
+            self.blocks.cache_full_blocks(seq, seq.num_computed + n)
+
+        # 3. Admissions, first come first served (a sequence that does not fit holds the rest);
+        #    none in a step that had to preempt: blocks are short already.
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not batch.preempted:
+            seq = self.waiting[0]
+            hits = self.blocks.lookup(seq)
+            n = min(seq.num_tokens - len(hits) * bs, budget)
+            if not self.blocks.can_allocate(seq, hits, n):
+                break
+            self.waiting.popleft()
+            cached = self.blocks.allocate(seq, hits)
+            if not seq.num_preemptions:  # first admission: what the response reports
+                seq.cached_tokens = cached
+            self.blocks.append_slots(seq, n)
+            self.running.append(seq)
+            batch._add(seq, n)
+            budget -= n
+            self.blocks.cache_full_blocks(seq, seq.num_computed + n)
+        return batch
+
+    def _newest_after(self, seq: Sequence) -> Sequence | None:
+        """The newest running sequence admitted after `seq`, if any."""
+        newest = self.running[-1]
+        return newest if newest is not seq else None
+
+    def preempt(self, seq: Sequence) -> None:
+        """Preempts a running sequence outside of scheduling (the engine's deadlock breaker)."""
+        self._preempt(seq, Batch())
+
+    def _preempt(self, seq: Sequence, batch: Batch) -> int:
+        """Sends a running sequence back to the front of the waiting queue, without its blocks.
+        Returns the tokens it had been given in this step's batch (0 if none)."""
+        given = batch._remove(seq)
+        self.running = [s for s in self.running if s is not seq]
+        self.blocks.free(seq)
+        self.waiting.appendleft(seq)
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        batch.preempted.append(seq)
+        return given

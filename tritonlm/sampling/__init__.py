@@ -1,0 +1,1 @@
+"""Choosing tokens: sampling parameters, the logits-processor pipeline, the sampler, beam search."""

@@ -1,0 +1,295 @@
+"""The tensor contract: the one place that names every tensor the Triton models exchange.
+
+`model_repository/*/config.pbtxt` is generated from these tables (`python -m tritonlm.serving.pbtxt`) and a
+unit test checks that the committed files still match. The engine tensors follow TensorRT-LLM's
+inference request/response (seed 003) by name, type and shape; extras the JSON APIs need are marked.
+
+Sampling semantics of the engine (TensorRT-LLM's): `runtime_top_k` 0 means no top-k limit,
+`runtime_top_p` 0 means no top-p limit, and both 0 (the defaults) or `temperature` 0 mean greedy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    dtype: str  # Triton type name without the TYPE_ prefix: INT32, FP32, BOOL, BYTES …
+    dims: tuple[int, ...]
+    optional: bool = True
+    default: object = None  # value used when an optional input is absent (None: absent means "off")
+
+
+NUMPY_DTYPES: dict[str, type] = {
+    "BOOL": np.bool_,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "UINT64": np.uint64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "BYTES": np.object_,
+}
+
+
+def _scalar(name: str, dtype: str, default: object = None) -> Tensor:
+    return Tensor(name, dtype, (1,), default=default)
+
+
+# ---------------------------------------------------------------------------------------------
+# engine: seed 003 request tensors (exact names and types) plus typical_p / watermark.
+ENGINE_INPUTS: tuple[Tensor, ...] = (
+    Tensor("input_ids", "INT32", (1, -1), optional=False),
+    Tensor("request_output_len", "INT32", (1, 1), optional=False),
+    _scalar("input_lengths", "INT32"),
+    _scalar("streaming", "BOOL", False),
+    _scalar("beam_width", "INT32", 1),
+    _scalar("temperature", "FP32", 1.0),
+    _scalar("runtime_top_k", "INT32", 0),
+    _scalar("runtime_top_p", "FP32", 0.0),
+    _scalar("len_penalty", "FP32", 1.0),
+    _scalar("early_stopping", "INT32", 1),
+    _scalar("repetition_penalty", "FP32", 1.0),
+    _scalar("min_length", "INT32", 0),
+    _scalar("presence_penalty", "FP32", 0.0),
+    _scalar("frequency_penalty", "FP32", 0.0),
+    _scalar("no_repeat_ngram_size", "INT32", 0),
+    _scalar("random_seed", "UINT64"),
+    _scalar("end_id", "INT32", -1),
+    _scalar("pad_id", "INT32"),  # validated only: packed batches never pad, so nothing to fill
+    Tensor("embedding_bias", "FP32", (1, -1)),
+    Tensor("bad_words_list", "INT32", (2, -1)),
+    Tensor("stop_words_list", "INT32", (2, -1)),
+    Tensor("prompt_embedding_table", "FP16", (-1, -1)),
+    _scalar("prompt_vocab_size", "INT32"),
+    _scalar("lora_task_id", "UINT64"),
+    Tensor("lora_weights", "FP32", (-1, -1)),
+    Tensor("lora_config", "INT32", (-1, 3)),
+    _scalar("return_log_probs", "BOOL", False),
+    _scalar("return_context_logits", "BOOL", False),
+    _scalar("return_generation_logits", "BOOL", False),
+    Tensor("draft_input_ids", "INT32", (-1,)),
+    Tensor("draft_logits", "FP32", (-1, -1)),
+    # Extensions (TGI's typical_p and watermark; the seeds call them unsupported, we support them).
+    _scalar("typical_p", "FP32", 1.0),
+    _scalar("watermark", "BOOL", False),
+    # Extensions for the OpenAI APIs. Alternatives per generated token (0-20, needs return_log_probs):
+    _scalar("num_top_log_probs", "INT32", 0),
+    # Log probs (and num_top_log_probs alternatives) of the prompt tokens, for `echo` with logprobs.
+    _scalar("return_prompt_log_probs", "BOOL", False),
+    # Detokenization settings: the engine only echoes them, for postprocessing (see below).
+    _scalar("skip_special_tokens", "BOOL", True),
+    _scalar("include_stop_str_in_output", "BOOL", False),
+)
+
+# Inputs declared for the contract but not implemented yet: a request that sets them is rejected
+# with an error naming the tensor, never silently ignored.
+ENGINE_UNIMPLEMENTED: tuple[str, ...] = (
+    "prompt_embedding_table",
+    "prompt_vocab_size",
+    "lora_task_id",
+    "lora_weights",
+    "lora_config",
+    "draft_input_ids",
+    "draft_logits",
+)
+
+# What postprocessing makes of the engine's responses. The engine makes them itself when a client
+# asks for them (the HTTP frontend does: one hop less per token); the ensemble's engine step never does.
+TEXT_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("text_output", "BYTES", (-1,)),  # per beam: the new text of this response
+    # The text of each token of this response decoded alone, special tokens included: beam 0's
+    # tokens, then beam 1's, … (each beam's first sequence_length[beam] tokens).
+    Tensor("token_texts", "BYTES", (-1,)),
+    Tensor("token_special", "BOOL", (-1,)),  # same layout as token_texts
+    Tensor("top_token_texts", "BYTES", (-1, -1)),  # the text of each top_ids entry ("" for -1)
+    Tensor("prompt_top_token_texts", "BYTES", (-1, -1)),  # the text of each prompt_top_ids entry
+    # Per beam, on the final response: the stop string that ended the text, else "".
+    Tensor("stop_reason", "BYTES", (-1,)),
+)
+
+ENGINE_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("output_ids", "INT32", (-1, -1)),
+    Tensor("sequence_length", "INT32", (-1,)),
+    Tensor("output_log_probs", "FP32", (1, -1, -1)),
+    Tensor("cum_log_probs", "FP32", (1, -1)),
+    Tensor("context_logits", "FP32", (1, -1, -1)),
+    Tensor("generation_logits", "FP32", (1, -1, -1, -1)),
+    # Extensions for the JSON APIs.
+    Tensor("finish_reason", "BYTES", (-1,)),  # per beam: "" until finished, then FINISH_REASONS
+    Tensor("prompt_tokens", "INT32", (1,)),
+    Tensor("batch_size", "INT32", (-1,)),  # running sequences in the step that made each token
+    Tensor("queue_wait_us", "INT64", (-1,)),  # per token: time between steps spent waiting, µs
+    Tensor("prefill_ms", "FP32", (1,)),
+    Tensor("decode_ms", "FP32", (-1,)),  # per token: wall time since the previous token, ms
+    Tensor("request_key", "UINT64", (1,)),  # unique per request: keys postprocessing's state
+    Tensor("cached_tokens", "INT32", (1,)),  # prompt tokens whose KV came from the prefix cache
+    # Per token of this response: the num_top_log_probs best alternatives, best first.
+    Tensor("top_log_probs", "FP32", (-1, -1)),
+    Tensor("top_ids", "INT32", (-1, -1)),
+    # With return_prompt_log_probs, in the first response: one entry per prompt token (the first
+    # token has no log prob: 0 there, and no alternatives: its row is -inf / -1).
+    Tensor("prompt_log_probs", "FP32", (-1,)),
+    Tensor("prompt_top_log_probs", "FP32", (-1, -1)),
+    Tensor("prompt_top_ids", "INT32", (-1, -1)),
+    # Request settings echoed back: a step after a decoupled model may only take inputs from that
+    # model, so this is how postprocessing learns which stop strings to cut and hold back, and how
+    # to detokenize.
+    Tensor("stop_words_list", "INT32", (2, -1)),
+    Tensor("skip_special_tokens", "BOOL", (1,)),
+    Tensor("include_stop_str_in_output", "BOOL", (1,)),
+    *TEXT_OUTPUTS,
+)
+
+FINISH_REASONS = ("length", "end_id", "stop_words", "cancelled")  # "error" fails the request instead
+
+# ---------------------------------------------------------------------------------------------
+# preprocessing: text -> engine inputs.
+PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
+    # The prompt: text_input as is, or chat_messages (a JSON list of OpenAI-style messages) rendered
+    # with the tokenizer's chat template and its generation prompt; exactly one of them.
+    Tensor("text_input", "BYTES", (1,)),
+    Tensor("chat_messages", "BYTES", (1,)),
+    Tensor("chat_template_kwargs", "BYTES", (1,)),  # JSON object: extra chat template variables
+    # Absent: as many tokens as fit in the context (max_seq_len minus the prompt).
+    Tensor("max_tokens", "INT32", (1,)),
+    Tensor("bad_words", "BYTES", (-1,)),
+    Tensor("stop_words", "BYTES", (-1,)),
+    Tensor("stop_token_ids", "INT32", (-1,)),  # each id stops generation (as a one-token stop word)
+    # No end token (end_id -1), and the extra EOS ids of generation_config.json do not stop either.
+    _scalar("ignore_eos", "BOOL", False),
+    _scalar("end_id", "INT32"),
+    _scalar("pad_id", "INT32"),
+    _scalar("truncate", "INT32"),  # keep only the last N prompt tokens (TGI's truncate)
+    # Instead of failing when prompt + max_tokens exceed max_seq_len: keep the prompt's last
+    # max_seq_len - 1 tokens and lower max_tokens to what fits (Databricks' error_behavior "truncate").
+    _scalar("truncate_to_fit", "BOOL", False),
+)
+
+PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("input_ids", "INT32", (1, -1)),
+    Tensor("input_lengths", "INT32", (1,)),
+    Tensor("request_output_len", "INT32", (1, 1)),
+    Tensor("bad_words_list", "INT32", (2, -1)),
+    Tensor("stop_words_list", "INT32", (2, -1)),
+    Tensor("out_end_id", "INT32", (1,)),
+    Tensor("out_pad_id", "INT32", (1,)),
+    # Not an engine input: read by clients that call preprocessing directly (TGI's prefill details).
+    Tensor("input_token_texts", "BYTES", (-1,)),
+)
+
+# ---------------------------------------------------------------------------------------------
+# postprocessing: engine responses -> text. Engine outputs listed in PASSTHROUGH go on unchanged.
+PASSTHROUGH: tuple[str, ...] = (
+    "output_ids",
+    "sequence_length",
+    "output_log_probs",
+    "cum_log_probs",
+    "finish_reason",
+    "prompt_tokens",
+    "batch_size",
+    "queue_wait_us",
+    "prefill_ms",
+    "decode_ms",
+    "cached_tokens",
+    "top_log_probs",
+    "top_ids",
+    "prompt_log_probs",
+    "prompt_top_log_probs",
+    "prompt_top_ids",
+)
+# Engine outputs postprocessing reads but does not pass on: per-request state and settings.
+ENGINE_ECHOES: tuple[str, ...] = (
+    "request_key",
+    "stop_words_list",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+)
+
+_ENGINE_OUT = {t.name: t for t in ENGINE_OUTPUTS}
+
+POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
+    *(
+        Tensor(_ENGINE_OUT[n].name, _ENGINE_OUT[n].dtype, _ENGINE_OUT[n].dims, optional=False)
+        for n in PASSTHROUGH
+    ),
+    Tensor("request_key", "UINT64", (1,), optional=False),
+    Tensor("stop_words_list", "INT32", (2, -1), optional=False),
+    _scalar("skip_special_tokens", "BOOL", True),
+    _scalar("include_stop_str_in_output", "BOOL", False),
+)
+
+POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
+    *TEXT_OUTPUTS,
+    *(Tensor(f"out_{n}", _ENGINE_OUT[n].dtype, _ENGINE_OUT[n].dims) for n in PASSTHROUGH),
+)
+
+# ---------------------------------------------------------------------------------------------
+# ensemble: what HTTP frontends and raw-text gRPC clients call: (input, "step.tensor" targets).
+# Only preprocessing and engine can take ensemble inputs: Triton feeds the step after a decoupled
+# model from that model's outputs alone.
+ENSEMBLE_INPUTS: tuple[tuple[Tensor, str], ...] = (
+    (Tensor("text_input", "BYTES", (1,)), "preprocessing.text_input"),  # or chat_messages
+    (Tensor("chat_messages", "BYTES", (1,)), "preprocessing.chat_messages"),
+    (Tensor("chat_template_kwargs", "BYTES", (1,)), "preprocessing.chat_template_kwargs"),
+    (Tensor("max_tokens", "INT32", (1,)), "preprocessing.max_tokens"),
+    (Tensor("bad_words", "BYTES", (-1,)), "preprocessing.bad_words"),
+    (Tensor("stop_words", "BYTES", (-1,)), "preprocessing.stop_words"),
+    (Tensor("stop_token_ids", "INT32", (-1,)), "preprocessing.stop_token_ids"),
+    (_scalar("ignore_eos", "BOOL"), "preprocessing.ignore_eos"),
+    (_scalar("end_id", "INT32"), "preprocessing.end_id"),
+    (_scalar("pad_id", "INT32"), "preprocessing.pad_id"),
+    (_scalar("truncate", "INT32"), "preprocessing.truncate"),
+    (_scalar("truncate_to_fit", "BOOL"), "preprocessing.truncate_to_fit"),
+    (_scalar("stream", "BOOL"), "engine.streaming"),
+    (_scalar("beam_width", "INT32"), "engine.beam_width"),
+    (_scalar("temperature", "FP32"), "engine.temperature"),
+    (_scalar("top_k", "INT32"), "engine.runtime_top_k"),
+    (_scalar("top_p", "FP32"), "engine.runtime_top_p"),
+    (_scalar("typical_p", "FP32"), "engine.typical_p"),
+    (_scalar("length_penalty", "FP32"), "engine.len_penalty"),
+    (_scalar("early_stopping", "INT32"), "engine.early_stopping"),
+    (_scalar("repetition_penalty", "FP32"), "engine.repetition_penalty"),
+    (_scalar("min_length", "INT32"), "engine.min_length"),
+    (_scalar("presence_penalty", "FP32"), "engine.presence_penalty"),
+    (_scalar("frequency_penalty", "FP32"), "engine.frequency_penalty"),
+    (_scalar("no_repeat_ngram_size", "INT32"), "engine.no_repeat_ngram_size"),
+    (_scalar("random_seed", "UINT64"), "engine.random_seed"),
+    (_scalar("watermark", "BOOL"), "engine.watermark"),
+    (_scalar("return_log_probs", "BOOL"), "engine.return_log_probs"),
+    (_scalar("return_context_logits", "BOOL"), "engine.return_context_logits"),
+    (_scalar("return_generation_logits", "BOOL"), "engine.return_generation_logits"),
+    (_scalar("top_logprobs", "INT32"), "engine.num_top_log_probs"),
+    (_scalar("return_prompt_log_probs", "BOOL"), "engine.return_prompt_log_probs"),
+    (_scalar("skip_special_tokens", "BOOL"), "engine.skip_special_tokens"),
+    (_scalar("include_stop_str_in_output", "BOOL"), "engine.include_stop_str_in_output"),
+)
+
+# Ensemble outputs: every postprocessing output, without the out_ prefix.
+ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = tuple(
+    Tensor(t.name.removeprefix("out_"), t.dtype, t.dims) for t in POSTPROCESSING_OUTPUTS
+)
+
+# ---------------------------------------------------------------------------------------------
+# embedding: texts -> vectors (tritonlm/embedding/embedder.py). Unlike the models above it is batched
+# (max_batch_size > 0, dynamic batching), so the dims here leave out the batch dimension: a request
+# is [n, 1] texts and gets [n, dimension] vectors; concurrent requests share one forward pass.
+EMBEDDING_INPUTS: tuple[Tensor, ...] = (
+    Tensor("text", "BYTES", (1,), optional=False),
+    Tensor("instruction", "BYTES", (1,)),  # per text, prepended to it; "" or absent: none
+)
+
+EMBEDDING_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("embedding", "FP32", (-1,)),
+    Tensor("token_count", "INT32", (1,)),  # tokens embedded, special tokens included, after truncation
+)
+
+# Texts per forward pass (Triton's max_batch_size); the frontend splits longer input lists.
+EMBEDDING_MAX_BATCH_SIZE = 64
+
+
+def by_name(tensors: tuple[Tensor, ...]) -> dict[str, Tensor]:
+    return {t.name: t for t in tensors}

@@ -1,0 +1,140 @@
+"""The engine's response tensors (contract.ENGINE_OUTPUTS) for a slice of a sequence's tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import numpy as np
+import torch
+
+from tritonlm.engine.sequence import Sequence
+from tritonlm.sampling.sampler import top_alternatives
+from tritonlm.serving import contract
+from tritonlm.text.postprocess import TEXT_NAMES, Postprocessor
+from tritonlm.text.tokenization import ids_to_list
+
+_DTYPES = {t.name: contract.NUMPY_DTYPES[t.dtype] for t in contract.ENGINE_OUTPUTS}
+
+
+def _prompt_log_probs(seq: Sequence, logits: torch.Tensor) -> dict[str, object]:
+    """Log probs of prompt tokens 1.. under the logits of the positions before them (token 0 has
+    none: 0, and an alternatives row of -inf / -1), after temperature like the generated ones."""
+    params = seq.params
+    temperature = 1.0 if params.greedy else params.temperature
+    log_probs = (logits[:-1] / temperature).log_softmax(dim=-1)
+    targets = torch.tensor(seq.prompt_ids[1:], dtype=torch.long)
+    chosen = [0.0, *log_probs.gather(1, targets[:, None]).squeeze(1).tolist()]
+    k = params.num_top_log_probs
+    rows = list(range(len(targets)))
+    if k:
+        ids, values = top_alternatives(log_probs, rows, [k] * len(rows))
+        top_ids: object = [[-1] * k] + [ids[i] for i in rows]
+        top_values: object = [[-np.inf] * k] + [values[i] for i in rows]
+    else:
+        top_ids = top_values = np.zeros((len(chosen), 0))
+    return {"prompt_log_probs": chosen, "prompt_top_ids": top_ids, "prompt_top_log_probs": top_values}
+
+
+def response_tensors(seq: Sequence, first: int, end: int, finish_reason: str) -> dict[str, np.ndarray]:
+    """Tensors for the tokens `seq.output_ids[first:end]` (beam width 1). The engine thread may have
+    appended more tokens since, so the caller passes the range and finish reason it was told about.
+    Every declared output is present in every response (empty when not requested), so ensembles can
+    route them unconditionally."""
+    params = seq.params
+    ids = seq.output_ids[first:end]
+    timings = seq.timings[first:end]
+    n = len(ids)
+    k = params.num_top_log_probs
+    log_probs = seq.log_probs[first:end] if params.return_log_probs else []
+    prompt_logits = getattr(seq, "prompt_logits", None)
+    context = torch.cat(prompt_logits) if first == 0 and prompt_logits else None
+    generation = getattr(seq, "generation_logits", None)
+    values: dict[str, object] = {
+        "output_ids": [ids],
+        "sequence_length": [n],
+        "output_log_probs": [[log_probs]] if log_probs else np.zeros((1, 1, 0)),
+        "cum_log_probs": [[sum(seq.log_probs[:end])]] if log_probs else np.zeros((1, 0)),
+        "context_logits": context[None].numpy()
+        if context is not None and params.return_context_logits
+        else np.zeros((1, 0, 0)),
+        "generation_logits": torch.stack(generation[first:end])[None, None].numpy()
+        if params.return_generation_logits and generation and n
+        else np.zeros((1, 1, 0, 0)),
+        "finish_reason": [finish_reason.encode()],
+        "prompt_tokens": [len(seq.prompt_ids)],
+        "batch_size": [t.batch_size for t in timings],
+        "queue_wait_us": [t.queue_wait_us for t in timings],
+        "prefill_ms": [seq.prefill_ms],
+        "decode_ms": [t.decode_ms for t in timings],
+        "request_key": [seq.key],
+        "cached_tokens": [getattr(seq, "cached_tokens", 0)],
+        "top_log_probs": seq.top_log_probs[first:end] if k and n else np.zeros((n, 0)),
+        "top_ids": seq.top_ids[first:end] if k and n else np.zeros((n, 0)),
+        "prompt_log_probs": np.zeros(0),
+        "prompt_top_log_probs": np.zeros((0, 0)),
+        "prompt_top_ids": np.zeros((0, 0)),
+        "stop_words_list": ids_to_list(seq.stop_words),
+        "skip_special_tokens": [seq.skip_special_tokens],
+        "include_stop_str_in_output": [seq.include_stop_str_in_output],
+    }
+    if context is not None and params.return_prompt_log_probs:
+        values.update(_prompt_log_probs(seq, context))
+    return {name: np.asarray(value, dtype=_DTYPES[name]) for name, value in values.items()}
+
+
+def beam_response_tensors(seq: Sequence, beams: list, finish_reasons: list[str]) -> dict[str, np.ndarray]:
+    """The final response of a beam search request: one row per beam, best first, padded to the
+    longest with the end id (`sequence_length` says where each row ends). `seq` is the request's own
+    sequence: it carries the prompt, the settings and the per-step timings."""
+    tensors = response_tensors(seq, 0, 0, "")
+    width = max((len(b.tokens) for b in beams), default=0)
+    pad = max(seq.params.end_id, 0)
+    rows = [b.tokens + [pad] * (width - len(b.tokens)) for b in beams]
+    log_probs = [b.log_probs + [0.0] * (width - len(b.log_probs)) for b in beams]
+    values: dict[str, object] = {
+        "output_ids": rows,
+        "sequence_length": [len(b.tokens) for b in beams],
+        "finish_reason": [r.encode() for r in finish_reasons],
+        "batch_size": [t.batch_size for t in seq.timings],
+        "queue_wait_us": [t.queue_wait_us for t in seq.timings],
+        "decode_ms": [t.decode_ms for t in seq.timings],
+    }
+    if seq.params.return_log_probs:
+        values["output_log_probs"] = [log_probs]
+        values["cum_log_probs"] = [[b.cum_log_prob for b in beams]]
+    tensors.update({name: np.asarray(v, dtype=_DTYPES[name]) for name, v in values.items()})
+    # Alternatives per token of every beam, beam after beam (no padding).
+    k = seq.params.num_top_log_probs
+    tokens = sum(len(b.tokens) for b in beams)
+    top_ids = [row for b in beams for row in b.top_ids] if k else np.zeros((tokens, 0))
+    top_values = [row for b in beams for row in b.top_log_probs] if k else np.zeros((tokens, 0))
+    tensors["top_ids"] = np.asarray(top_ids, dtype=np.int32).reshape(tokens, k)
+    tensors["top_log_probs"] = np.asarray(top_values, dtype=np.float32).reshape(tokens, k)
+    return tensors
+
+
+class ResponseBuilder:
+    """A response's tensors, only those its client asked for. The text outputs
+    (contract.TEXT_OUTPUTS) come from postprocessing's own logic, run here when asked for: a client
+    that takes text from the engine saves a round trip to postprocessing per response."""
+
+    def __init__(self, tokenizer: object) -> None:
+        self.text = Postprocessor(tokenizer)
+
+    def build(
+        self, seq: Sequence, first: int, end: int, finish_reason: str, wanted: Collection[str] | None
+    ) -> dict[str, np.ndarray]:
+        """`wanted`: the output names the client asked for; None: all of them."""
+        group = seq.group
+        if group is not None and group.results:
+            tensors = beam_response_tensors(seq, group.results, group.finish_reasons())
+        else:
+            tensors = response_tensors(seq, first, end, finish_reason)
+        texts = TEXT_NAMES if wanted is None else TEXT_NAMES.intersection(wanted)
+        if texts:
+            tensors.update(self.text.texts(tensors, texts))
+        return tensors if wanted is None else {name: tensors[name] for name in wanted if name in tensors}
+
+    def forget(self, seq: Sequence) -> None:
+        """The request ended without a final response (an error): drop its text state."""
+        self.text.forget(seq.key)

@@ -1,0 +1,66 @@
+"""What the Triton adapters (model_repository/*/1/model.py) share. Imported only inside Triton's
+Python backend, where `triton_python_backend_utils` exists."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from tritonlm.errors import InvalidRequest
+from tritonlm.serving.contract import Tensor
+
+
+def parameters(args: dict) -> dict[str, str]:
+    """config.pbtxt's string parameters."""
+    config = json.loads(args["model_config"])
+    return {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+
+
+def model_dir(params: Mapping[str, str]) -> str:
+    """The model_dir parameter, else the MODEL_DIR environment variable (set by the launcher)."""
+    path = params.get("model_dir") or os.environ.get("MODEL_DIR", "")
+    if not path:
+        raise pb_utils.TritonModelException(
+            "set the model_dir parameter or the MODEL_DIR environment variable"
+        )
+    return path
+
+
+def read_inputs(request: object, tensors: tuple[Tensor, ...]) -> dict[str, np.ndarray]:
+    """The request's inputs that are present, as numpy arrays."""
+    inputs = {}
+    for t in tensors:
+        tensor = pb_utils.get_input_tensor_by_name(request, t.name)
+        if tensor is not None:
+            inputs[t.name] = tensor.as_numpy()
+    return inputs
+
+
+def error_response(error: Exception) -> pb_utils.InferenceResponse:
+    if isinstance(error, InvalidRequest):
+        return pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG)
+        )
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{error!r}", pb_utils.TritonError.INTERNAL))
+
+
+def respond_each(
+    requests: list,
+    inputs: tuple[Tensor, ...],
+    process: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+) -> list:
+    """Runs `process` on each request alone, so one bad request never fails the others."""
+    responses = []
+    for request in requests:
+        try:
+            outputs = process(read_inputs(request, inputs))
+        except Exception as error:
+            responses.append(error_response(error))
+            continue
+        tensors = [pb_utils.Tensor(name, value) for name, value in outputs.items()]
+        responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+    return responses

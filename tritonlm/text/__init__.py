@@ -1,0 +1,1 @@
+"""Text: tokenization, incremental detokenization, stop strings, pre- and postprocessing."""

@@ -1,0 +1,268 @@
+"""Preprocessing, Triton-free: one request's text inputs -> the engine's token inputs (numpy in and out).
+
+A prompt is `text_input`, or `chat_messages` rendered with the tokenizer's chat template. Stop words
+are the `stop_words` strings, the `stop_token_ids`, and, unless `ignore_eos`, the extra EOS ids of
+generation_config.json (a chat model's end-of-turn token), each as a one-token word.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import numpy as np
+
+from tritonlm.errors import InvalidRequest
+from tritonlm.serving import contract
+from tritonlm.text.tokenization import encode_prompt, ids_to_list, render_chat, token_texts, words_to_list
+
+_OUT = contract.by_name(contract.PREPROCESSING_OUTPUTS)
+
+
+def _array(name: str, value: Any) -> np.ndarray:
+    """An output tensor in the contract's dtype."""
+    return np.asarray(value, dtype=contract.NUMPY_DTYPES[_OUT[name].dtype])
+
+
+def as_text(value: Any, name: str) -> str:
+    """One BYTES element (bytes from Triton, str from tests) as text."""
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(f"{name} must be UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def scalar(inputs: Mapping[str, np.ndarray | None], name: str) -> Any | None:
+    """The single value of an input of shape [1] (or [1, 1]); None when absent or empty."""
+    arr = inputs.get(name)
+    if arr is None or np.asarray(arr).size == 0:
+        return None
+    arr = np.asarray(arr)
+    if arr.size != 1:
+        raise InvalidRequest(f"{name} must hold one value, got shape {list(arr.shape)}")
+    return arr.reshape(-1)[0]
+
+
+def strings(inputs: Mapping[str, np.ndarray | None], name: str) -> list[str]:
+    """A BYTES [-1] input as a list of non-empty strings ([] when absent)."""
+    arr = inputs.get(name)
+    if arr is None:
+        return []
+    return [s for s in (as_text(v, name) for v in np.asarray(arr, dtype=object).reshape(-1)) if s]
+
+
+_DEFAULT_MAX_SEQ_LEN = 4096  # the engine's default cap on max_position_embeddings
+# Arguments of apply_chat_template itself; as template variables they would change how it runs.
+_RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+        "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+        "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    }
+)  # fmt: skip
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def max_seq_len(model_dir: str | Path, setting: str = "") -> int:
+    """The engine's max_seq_len: its config.pbtxt setting, else min(max_position_embeddings, 4096),
+    as the engine's ModelRunner resolves it."""
+    if setting:
+        return int(setting)
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    limit = config.get("max_position_embeddings") or config.get("n_positions") or _DEFAULT_MAX_SEQ_LEN
+    return min(int(limit), _DEFAULT_MAX_SEQ_LEN)
+
+
+def _json(inputs: Mapping[str, np.ndarray | None], name: str) -> Any | None:
+    raw = scalar(inputs, name)
+    if raw is None:
+        return None
+    try:
+        return json.loads(as_text(raw, name))
+    except json.JSONDecodeError as e:
+        raise InvalidRequest(f"{name} must be JSON ({e.msg} at character {e.pos})") from None
+
+
+def _message_text(content: Any, where: str) -> str | None:
+    """A message's content as one string: a list of text parts is joined with newlines (what
+    text-only chat templates expect); other part types need a multimodal model."""
+    if content is None or isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"{where}.content must be a string or a list of content parts")
+    texts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise InvalidRequest(
+                f"{where}.content[{i}]: this model is text-only; content parts must be "
+                f'{{"type": "text", "text": "..."}}, got type {kind!r}'
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def chat_messages(value: Any) -> list[dict[str, Any]]:
+    """The messages for the chat template, checked for what every template relies on."""
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest("chat_messages must be a non-empty JSON list of messages")
+    messages = []
+    for i, message in enumerate(value):
+        where = f"chat_messages[{i}]"
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"{where} must be a JSON object")
+        if message.get("role") not in _ROLES:
+            raise InvalidRequest(f"{where}.role must be one of {', '.join(_ROLES)}")
+        messages.append({**message, "content": _message_text(message.get("content"), where)})
+    return messages
+
+
+class Preprocessor:
+    """Validates and tokenizes requests for one tokenizer.
+
+    `max_seq_len`: the engine's limit on prompt + new tokens (None: unknown, then `max_tokens` is
+    required and the engine alone checks the limit). `extra_eos_ids`: generation_config.json's EOS
+    ids; those other than the tokenizer's EOS stop generation unless `ignore_eos`.
+    """
+
+    def __init__(
+        self, tokenizer: Any, max_seq_len: int | None = None, extra_eos_ids: Sequence[int] = ()
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.max_seq_len = max_seq_len
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        self.default_end_id = -1 if eos is None else int(eos)  # -1: the engine stops on length only
+        self.default_pad_id = int(pad) if pad is not None else max(self.default_end_id, 0)
+        self.extra_eos_ids = [
+            int(i)
+            for i in dict.fromkeys(extra_eos_ids)
+            if i != self.default_end_id and 0 <= i < self.vocab_size
+        ]
+
+    def process(self, inputs: Mapping[str, np.ndarray | None]) -> dict[str, np.ndarray]:
+        """One request's inputs (contract.PREPROCESSING_INPUTS) -> contract.PREPROCESSING_OUTPUTS.
+
+        Raises InvalidRequest for a client error.
+        """
+        ids = self._prompt_ids(inputs)
+        max_tokens = self._int(inputs, "max_tokens", low=1)
+        end_id = self._int(inputs, "end_id", low=-1, high=self.vocab_size - 1)
+        pad_id = self._int(inputs, "pad_id", low=0, high=self.vocab_size - 1)
+        ignore_eos = bool(scalar(inputs, "ignore_eos"))
+        ids, max_tokens = self._fit(ids, max_tokens, bool(scalar(inputs, "truncate_to_fit")))
+
+        stop_words = [
+            self.tokenizer.encode(w, add_special_tokens=False) for w in strings(inputs, "stop_words")
+        ]
+        stop_ids = self._stop_token_ids(inputs)
+        if not ignore_eos:
+            stop_ids += [i for i in self.extra_eos_ids if i not in stop_ids]
+        stop_words = [w for w in stop_words if w] + [[i] for i in stop_ids]
+        if ignore_eos:
+            end_id = -1
+        elif end_id is None:
+            end_id = self.default_end_id
+        return {
+            "input_ids": _array("input_ids", [ids]),
+            "input_lengths": _array("input_lengths", [len(ids)]),
+            "request_output_len": _array("request_output_len", [[max_tokens]]),
+            "bad_words_list": words_to_list(self.tokenizer, strings(inputs, "bad_words")),
+            "stop_words_list": ids_to_list(stop_words),
+            "out_end_id": _array("out_end_id", [end_id]),
+            "out_pad_id": _array("out_pad_id", [self.default_pad_id if pad_id is None else pad_id]),
+            "input_token_texts": _array(
+                "input_token_texts", [t.encode("utf-8") for t in token_texts(self.tokenizer, ids)]
+            ),
+        }
+
+    def _prompt_ids(self, inputs: Mapping[str, np.ndarray | None]) -> list[int]:
+        raw = scalar(inputs, "text_input")
+        messages = _json(inputs, "chat_messages")
+        truncate = self._int(inputs, "truncate", low=1)
+        if raw is not None and messages is not None:
+            raise InvalidRequest("give text_input or chat_messages, not both")
+        if messages is not None:
+            ids = encode_prompt(
+                self.tokenizer, self._render(inputs, messages), truncate, add_special_tokens=False
+            )
+            name = "chat_messages"
+        else:
+            if raw is None:
+                raise InvalidRequest("text_input is required (or chat_messages)")
+            text = as_text(raw, "text_input")
+            if not text:
+                raise InvalidRequest("text_input must not be empty")
+            ids = encode_prompt(self.tokenizer, text, truncate)
+            name = "text_input"
+        if not ids:
+            raise InvalidRequest(f"{name} must encode to at least 1 token")
+        return ids
+
+    def _render(self, inputs: Mapping[str, np.ndarray | None], value: Any) -> str:
+        messages = chat_messages(value)
+        kwargs = _json(inputs, "chat_template_kwargs")
+        if kwargs is None:
+            kwargs = {}
+        if not isinstance(kwargs, dict):
+            raise InvalidRequest("chat_template_kwargs must be a JSON object")
+        if reserved := sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys()):
+            raise InvalidRequest(f"chat_template_kwargs: {', '.join(reserved)} cannot be set here")
+        try:
+            return render_chat(self.tokenizer, messages, kwargs)
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
+            raise InvalidRequest(f"chat_messages: the model's chat template rejected them: {e}") from None
+
+    def _fit(self, ids: list[int], max_tokens: int | None, truncate_to_fit: bool) -> tuple[list[int], int]:
+        """The prompt and max_tokens the engine gets. Without truncate_to_fit an explicit max_tokens
+        is left for the engine to check (its message names request_output_len)."""
+        limit = self.max_seq_len
+        if limit is None:
+            if max_tokens is None:
+                raise InvalidRequest("max_tokens is required")
+            return ids, max_tokens
+        if len(ids) >= limit:
+            if not truncate_to_fit:
+                raise InvalidRequest(
+                    f"input_ids: the prompt has {len(ids)} tokens; this model accepts at most {limit - 1}"
+                )
+            ids = ids[len(ids) - (limit - 1) :]
+        room = limit - len(ids)
+        if max_tokens is None or (truncate_to_fit and max_tokens > room):
+            max_tokens = room
+        return ids, max_tokens
+
+    def _stop_token_ids(self, inputs: Mapping[str, np.ndarray | None]) -> list[int]:
+        arr = inputs.get("stop_token_ids")
+        if arr is None:
+            return []
+        ids = [int(i) for i in np.asarray(arr).reshape(-1)]
+        if bad := [i for i in ids if not 0 <= i < self.vocab_size]:
+            raise InvalidRequest(
+                f"stop_token_ids must be token ids in [0, {self.vocab_size - 1}], got {bad[0]}"
+            )
+        return list(dict.fromkeys(ids))
+
+    @staticmethod
+    def _int(
+        inputs: Mapping[str, np.ndarray | None],
+        name: str,
+        low: int,
+        high: int | None = None,
+        required: bool = False,
+    ) -> int | None:
+        value = scalar(inputs, name)
+        if value is None:
+            if required:
+                raise InvalidRequest(f"{name} is required")
+            return None
+        value = int(value)
+        if value < low or (high is not None and value > high):
+            allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise InvalidRequest(f"{name} must be {allowed}, got {value}")
+        return value
