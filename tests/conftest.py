@@ -6,6 +6,7 @@ a `make run` in progress is never disturbed; they stop at the end of the session
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import tempfile
@@ -62,11 +63,13 @@ class Servers:
         return f"http://127.0.0.1:{self.ports.metrics}/metrics"
 
 
-@pytest.fixture(scope="session")
-def servers(model_dir: Path) -> Iterator[Servers]:
+@contextlib.contextmanager
+def running_servers(model_dir: Path, settings: dict[str, str]) -> Iterator[Servers]:
+    """tritonserver + frontend on free ports, with engine `settings` (TRITONLM_* variables); both are
+    stopped on leaving, and their log tails printed if they fail to start."""
     ports = launcher.Ports(frontend=free_port(), http=free_port(), grpc=free_port(), metrics=free_port())
     log_dir = Path(tempfile.mkdtemp(prefix="tritonlm-test-"))
-    with mock.patch.dict(os.environ, {"TRITONLM_MAX_QUEUE_SIZE": str(MAX_QUEUE_SIZE)}):
+    with mock.patch.dict(os.environ, settings):
         triton = launcher.start_triton(
             ports, model_dir, log_dir / "tritonserver.log", work_dir=launcher.ROOT / ".triton"
         )
@@ -87,3 +90,9 @@ def servers(model_dir: Path) -> Iterator[Servers]:
         if frontend is not None:
             launcher.stop(frontend)
         launcher.stop(triton)
+
+
+@pytest.fixture(scope="session")
+def servers(model_dir: Path) -> Iterator[Servers]:
+    with running_servers(model_dir, {"TRITONLM_MAX_QUEUE_SIZE": str(MAX_QUEUE_SIZE)}) as started:
+        yield started

@@ -8,11 +8,12 @@ import torch
 from test_engine import run_all
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tritonlm.config import EngineConfig
 from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.beam_search import BeamSearch, early_stopping_mode
 from tritonlm.sampling.sampler import SamplingParams
 from tritonlm.text.tokenization import encode_prompt
-from tritonlm.worker.model_runner import EngineSettings, ModelRunner
+from tritonlm.worker.model_runner import ModelRunner
 
 
 def run_beam_search(model, prompt: list[int], search: BeamSearch) -> None:
@@ -95,7 +96,7 @@ def test_engine_beam_search_matches_transformers_among_other_requests(
     run_beam_search(model, prompt, probe)
     end_id = probe.results()[0].tokens[2]  # met early by the best beam: beams of several lengths
     runner = ModelRunner(
-        EngineSettings(
+        EngineConfig(
             str(model_dir), max_num_seqs=max_num_seqs, max_seq_len=64, kv_cache_blocks=kv_cache_blocks
         )
     )

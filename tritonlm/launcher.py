@@ -23,7 +23,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
+from tritonlm.serving import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
@@ -160,6 +162,12 @@ def model_dir_from_env() -> Path:
     return DEFAULT_MODEL_DIR
 
 
+def engine_config(model_dir: Path) -> EngineConfig:
+    """The engine's settings for `model_dir`: its config.pbtxt and the TRITONLM_* variables."""
+    env = {**os.environ, "MODEL_DIR": str(model_dir)}
+    return EngineConfig.from_config_pbtxt(REPOSITORY / contract.ENGINE / "config.pbtxt", env).resolved()
+
+
 def main() -> int:
     if "--check" in sys.argv:  # `make setup`: can tritonserver and its Python stub run here?
         try:
@@ -172,14 +180,17 @@ def main() -> int:
     ports = Ports.from_env()
     try:
         model_dir = model_dir_from_env()
+        # The engine's settings as the engine will read them: a bad TRITONLM_* value fails here, at
+        # once, instead of as a model that does not load.
+        engine = engine_config(model_dir)
         embed_dir = embedding_config.model_dir()  # fails early, with a hint, when there is none
         triton = start_triton(ports, model_dir, ROOT / ".triton" / "tritonserver.log")
-    except (SetupError, FileNotFoundError) as error:
+    except (SetupError, ConfigError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(
-        f"tritonserver starting (log: .triton/tritonserver.log), model: {model_dir}, "
-        f"embedding model: {embed_dir}",
+        f"tritonserver starting (log: .triton/tritonserver.log), model: {model_dir} "
+        f"(max_seq_len {engine.max_seq_len}), embedding model: {embed_dir}",
         flush=True,
     )
     frontend = None

@@ -37,10 +37,10 @@ class Engine:
         self.runner = runner
         self.on_output = on_output
         self.detokenizer_factory = detokenizer_factory  # for stop strings; None: token matching only
-        settings = runner.settings
-        self.blocks = BlockManager(runner.num_blocks, runner.block_size, settings.enable_prefix_caching)
+        config = runner.config
+        self.blocks = BlockManager(config.kv_cache_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
-            self.blocks, runner.max_num_seqs, runner.max_num_batched_tokens, settings.max_queue_size
+            self.blocks, config.max_num_seqs, config.max_num_batched_tokens, config.max_queue_size
         )
         self.wakeup = threading.Condition()  # guards the scheduler's waiting queue
         self.stopped = False
@@ -56,7 +56,7 @@ class Engine:
         """Queues a request; False when the waiting queue is full (the caller refuses it)."""
         seq.generator = seq.params.make_generator(self.runner.device)
         if seq.beam_width > 1:
-            seq.group = BeamGroup(seq, self.runner.max_seq_len)
+            seq.group = BeamGroup(seq, self.runner.config.max_seq_len)
         if seq.stop_strings and self.detokenizer_factory is not None:
             seq.detokenizer = self.detokenizer_factory()
         with self.wakeup:
@@ -218,7 +218,7 @@ class Engine:
                 seq.top_ids.append(log_probs.top_ids[row])
                 seq.top_log_probs.append(log_probs.top_values[row])
         new_text = seq.detokenizer.add([token]) if seq.detokenizer is not None else ""
-        reason = seq.check_stop(new_text, self.runner.max_seq_len)
+        reason = seq.check_stop(new_text, self.runner.config.max_seq_len)
         if reason:
             self.scheduler.finish(seq)
             self._retire(seq, reason, new_tokens=1)

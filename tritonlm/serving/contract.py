@@ -35,6 +35,12 @@ NUMPY_DTYPES: dict[str, type] = {
 }
 
 
+# The Triton models of model_repository/.
+PREPROCESSING, ENGINE, POSTPROCESSING, ENSEMBLE, EMBEDDING = (
+    "preprocessing", "engine", "postprocessing", "ensemble", "embedding"
+)  # fmt: skip
+
+
 def _scalar(name: str, dtype: str, default: object = None) -> Tensor:
     return Tensor(name, dtype, (1,), default=default)
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.errors import InvalidRequest
+from tritonlm.serving import contract
 from tritonlm.serving.contract import Tensor
 
 
@@ -28,6 +31,16 @@ def model_dir(params: Mapping[str, str]) -> str:
             "set the model_dir parameter or the MODEL_DIR environment variable"
         )
     return path
+
+
+def engine_config(args: dict) -> EngineConfig:
+    """The engine's settings as the engine reads them (its config.pbtxt, then TRITONLM_* variables),
+    resolved against the checkpoint; for the models beside it that must agree with it."""
+    here = Path(args["model_repository"])  # this model's directory in the repository
+    try:
+        return EngineConfig.from_config_pbtxt(here.parent / contract.ENGINE / "config.pbtxt").resolved()
+    except ConfigError as error:
+        raise pb_utils.TritonModelException(f"engine settings: {error}") from None
 
 
 def read_inputs(request: object, tensors: tuple[Tensor, ...]) -> dict[str, np.ndarray]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -56,7 +55,6 @@ def strings(inputs: Mapping[str, np.ndarray | None], name: str) -> list[str]:
     return [s for s in (as_text(v, name) for v in np.asarray(arr, dtype=object).reshape(-1)) if s]
 
 
-_DEFAULT_MAX_SEQ_LEN = 4096  # the engine's default cap on max_position_embeddings
 # Arguments of apply_chat_template itself; as template variables they would change how it runs.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
     {
@@ -66,16 +64,6 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
     }
 )  # fmt: skip
 _ROLES = ("system", "user", "assistant", "tool")
-
-
-def max_seq_len(model_dir: str | Path, setting: str = "") -> int:
-    """The engine's max_seq_len: its config.pbtxt setting, else min(max_position_embeddings, 4096),
-    as the engine's ModelRunner resolves it."""
-    if setting:
-        return int(setting)
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    limit = config.get("max_position_embeddings") or config.get("n_positions") or _DEFAULT_MAX_SEQ_LEN
-    return min(int(limit), _DEFAULT_MAX_SEQ_LEN)
 
 
 def _json(inputs: Mapping[str, np.ndarray | None], name: str) -> Any | None:

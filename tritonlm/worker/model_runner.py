@@ -3,76 +3,17 @@
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from tritonlm.config import EngineConfig
 from tritonlm.engine.sequence import Sequence
 from tritonlm.worker import kv_cache
 from tritonlm.worker.kv_cache import DecodeWorkspace, PagedKVCache, PrefillPart, ShapeProbe, StepLayout
 
 log = logging.getLogger(__name__)
-
-ENV_PREFIX = "TRITONLM_"  # TRITONLM_MAX_QUEUE_SIZE=8 overrides config.pbtxt's max_queue_size
-
-
-@dataclass
-class EngineSettings:
-    model_dir: str
-    device: str = "auto"
-    dtype: str = "auto"
-    max_num_seqs: int = 32  # sequences running (holding KV blocks) at once; more wait in a queue
-    max_num_batched_tokens: int = 2048  # tokens per forward step (chunked prefill beyond)
-    max_seq_len: int = 0  # 0: min(max_position_embeddings, 4096)
-    block_size: int = 16  # token positions per KV-cache block
-    kv_cache_blocks: int = 0  # 0: from kv_cache_memory_fraction
-    # 0: 0.9 of the GPU memory free after loading the model; on CPU 0.2 of MemAvailable, at most
-    # 2 × max_num_seqs × max_seq_len tokens.
-    kv_cache_memory_fraction: float = 0.0
-    enable_prefix_caching: bool = True
-    max_queue_size: int = 256  # waiting requests; past it a request is refused ("[overloaded]")
-
-    @classmethod
-    def from_parameters(cls, params: dict[str, str], model_dir: str) -> EngineSettings:
-        """Reads config.pbtxt string parameters (empty means the default), each overridden by a
-        TRITONLM_<NAME> environment variable when set; `model_dir` is resolved by the caller (the
-        parameter, else MODEL_DIR). `max_running_seqs` is the old name of `max_num_seqs`."""
-        params = dict(params)
-        if params.get("max_running_seqs") and not params.get("max_num_seqs"):
-            params["max_num_seqs"] = params["max_running_seqs"]
-        settings = cls(model_dir=model_dir)
-        for f in fields(cls):
-            if f.name == "model_dir":
-                continue
-            value = os.environ.get(ENV_PREFIX + f.name.upper()) or params.get(f.name)
-            if not value:
-                continue
-            if f.type in (bool, "bool"):
-                setattr(settings, f.name, value.strip().lower() in ("1", "true", "yes", "on"))
-            elif f.type in (int, "int"):
-                setattr(settings, f.name, int(value))
-            elif f.type in (float, "float"):
-                setattr(settings, f.name, float(value))
-            else:
-                setattr(settings, f.name, value)
-        return settings
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device, config: object) -> torch.dtype:
-    if name != "auto":
-        return getattr(torch, name)
-    if device.type == "cpu":  # half precision matmuls are slow or missing on most CPUs
-        return torch.float32
-    checkpoint = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    return checkpoint if checkpoint in (torch.float16, torch.bfloat16) else torch.bfloat16
 
 
 def available_cpu_memory() -> int:
@@ -93,58 +34,39 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, settings: EngineSettings):
-        self.settings = settings
-        config = AutoConfig.from_pretrained(settings.model_dir)
-        self.device = resolve_device(settings.device)
-        self.dtype = resolve_dtype(settings.dtype, self.device, config)
-        limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 4096)
-        self.max_seq_len = settings.max_seq_len or min(limit, 4096)
-        self.max_num_seqs = settings.max_num_seqs
-        self.max_num_batched_tokens = settings.max_num_batched_tokens
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
-                f"({self.max_num_seqs}): every running sequence decodes one token per step"
-            )
-        self.block_size = settings.block_size
-        self.cache = PagedKVCache(self.block_size, self.dtype, self.device)
+    def __init__(self, config: EngineConfig):
+        config = config.resolved()
+        checkpoint = AutoConfig.from_pretrained(config.model_dir)
+        self.device = config.torch_device()
+        self.dtype = config.torch_dtype(self.device, getattr(checkpoint, "dtype", None))
+        self.cache = PagedKVCache(config.block_size, self.dtype, self.device)
         self.model = AutoModelForCausalLM.from_pretrained(
-            settings.model_dir, dtype=self.dtype, attn_implementation=kv_cache.register(self.cache)
+            config.model_dir, dtype=self.dtype, attn_implementation=kv_cache.register(self.cache)
         ).to(self.device)
         self.model.eval()
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
 
         shapes = self._probe_shapes()
-        self.num_blocks = settings.kv_cache_blocks or self._blocks_from_memory(shapes)
-        if self.num_blocks * self.block_size < self.max_seq_len:
-            raise ValueError(
-                f"the KV cache holds {self.num_blocks} blocks of {self.block_size} tokens, fewer than one "
-                f"sequence of max_seq_len {self.max_seq_len}: raise kv_cache_blocks or "
-                "kv_cache_memory_fraction, or lower max_seq_len"
-            )
-        self.cache.allocate(self.num_blocks, shapes)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+        else:
+            free = available_cpu_memory()
+        # The resolved settings: max_seq_len and kv_cache_blocks are now concrete numbers.
+        self.config = config.kv_cache_size(self.cache.bytes_per_block(shapes), self.device.type, free)
+        self.cache.allocate(self.config.kv_cache_blocks, shapes)
         if self.device.type == "cpu":  # see DecodeWorkspace; on a GPU gathering the blocks is cheap
             self.cache.workspace = DecodeWorkspace(
                 self.cache,
-                self.max_num_seqs,
-                self.max_seq_len,
+                self.config.max_num_seqs,
+                self.config.max_seq_len,
                 max(self.cache.memory_bytes() // 2, 256 << 20),
             )
         log.info(
-            "engine settings: model_dir=%s device=%s dtype=%s max_num_seqs=%d max_num_batched_tokens=%d "
-            "max_seq_len=%d block_size=%d kv_cache_blocks=%d (%.1f MiB) prefix_caching=%s max_queue_size=%d",
-            settings.model_dir,
+            "engine settings: %s (device %s, dtype %s, KV cache %.1f MiB)",
+            self.config.describe(),
             self.device,
             self.dtype,
-            self.max_num_seqs,
-            self.max_num_batched_tokens,
-            self.max_seq_len,
-            self.block_size,
-            self.num_blocks,
             self.cache.memory_bytes() / 2**20,
-            settings.enable_prefix_caching,
-            settings.max_queue_size,
         )
 
     @torch.inference_mode()
@@ -157,17 +79,6 @@ class ModelRunner:
             return self.cache.probe.layers
         finally:
             self.cache.probe = None
-
-    def _blocks_from_memory(self, shapes: dict[int, tuple[int, int, torch.dtype]]) -> int:
-        per_block = self.cache.bytes_per_block(shapes)
-        fraction = self.settings.kv_cache_memory_fraction
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            budget = (fraction or 0.9) * free
-        else:
-            cap = 2 * self.max_num_seqs * self.max_seq_len // self.block_size * per_block
-            budget = min((fraction or 0.2) * available_cpu_memory(), cap)
-        return max(int(budget // per_block), 1)
 
     def reset(self) -> None:
         """Forgets per-step state kept across steps (after a failed step)."""
@@ -190,7 +101,7 @@ class ModelRunner:
         if copies:
             self.cache.copy_blocks(copies)
         keep_all = keep_all or [False] * len(seqs)
-        bs = self.block_size
+        bs = self.config.block_size
         # Decoding sequences (one new token) first: they share one batched attention call.
         decodes = [i for i, n in enumerate(num_new) if n == 1]
         num_decodes = len(decodes)
@@ -225,7 +136,7 @@ class ModelRunner:
             decode_positions = position_ids.to(self.device)
         elif num_decodes:
             width = -(-longest // bs)
-            null_block = self.num_blocks
+            null_block = self.config.kv_cache_blocks
             table = torch.tensor(
                 [
                     seqs[i].block_table[:width] + [null_block] * (width - len(seqs[i].block_table[:width]))

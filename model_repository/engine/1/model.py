@@ -14,6 +14,7 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
+from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.sequence import Sequence
 from tritonlm.errors import overloaded_message
@@ -22,7 +23,7 @@ from tritonlm.serving.engine_inputs import InvalidRequest, parse_request
 from tritonlm.serving.engine_outputs import ResponseBuilder
 from tritonlm.text.detokenizer import IncrementalDetokenizer
 from tritonlm.text.tokenization import load_tokenizer
-from tritonlm.worker.model_runner import EngineSettings, ModelRunner
+from tritonlm.worker.model_runner import ModelRunner
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 log = logging.getLogger("engine")
@@ -30,11 +31,10 @@ log = logging.getLogger("engine")
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        params = triton_glue.parameters(args)
-        settings = EngineSettings.from_parameters(params, triton_glue.model_dir(params))
-        self.tokenizer = load_tokenizer(settings.model_dir)
+        config = EngineConfig.from_parameters(triton_glue.parameters(args))
+        self.runner = ModelRunner(config)
+        self.tokenizer = load_tokenizer(self.runner.config.model_dir)
         self.responses = ResponseBuilder(self.tokenizer)
-        self.runner = ModelRunner(settings)
         # (sequence, first token, end token, finish reason) as they were when the engine reported them
         self.outbox: queue.Queue[tuple[Sequence, int, int, str] | None] = queue.Queue()
         self.senders: dict[int, object] = {}  # Sequence.key -> response sender
@@ -67,7 +67,7 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             tensors = triton_glue.read_inputs(request, contract.ENGINE_INPUTS)
             try:
-                seq = parse_request(tensors, self.runner.vocab_size, self.runner.max_seq_len)
+                seq = parse_request(tensors, self.runner.vocab_size, self.runner.config.max_seq_len)
             except InvalidRequest as error:
                 sender.send(
                     triton_glue.error_response(error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

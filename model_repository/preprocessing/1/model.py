@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from tritonlm.serving import contract, triton_glue
-from tritonlm.text.preprocess import Preprocessor, max_seq_len
+from tritonlm.text.preprocess import Preprocessor
 from tritonlm.text.tokenization import generation_eos_ids, load_tokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        params = triton_glue.parameters(args)
-        model_dir = triton_glue.model_dir(params)
+        # The engine's max_seq_len (its settings, not a copy of them): requests are fitted into it.
+        engine = triton_glue.engine_config(args)
+        model_dir = triton_glue.parameters(args).get("model_dir") or engine.model_dir
         self.preprocessor = Preprocessor(
             load_tokenizer(model_dir),
-            max_seq_len=max_seq_len(model_dir, params.get("max_seq_len", "")),
+            max_seq_len=engine.max_seq_len,
             extra_eos_ids=generation_eos_ids(model_dir),
         )
 

@@ -1,0 +1,245 @@
+"""Every engine setting, in one place: its default, how it is read, how it is checked, and the
+values derived from it.
+
+A setting comes from the engine's `config.pbtxt` parameter of the same name (empty means the
+default), and a `TRITONLM_<NAME>` environment variable wins over it. The engine, preprocessing
+(which fills `max_tokens` up to `max_seq_len`) and the launcher (which checks the settings before
+it starts anything) all read them through `EngineConfig`; `config.pbtxt`'s parameters and the
+README's settings table are generated from the fields below (`make configs`), and `make test` fails
+when they drift.
+
+No torch at import time: the launcher and preprocessing import this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "TRITONLM_"
+MAX_SEQ_LEN_CAP = 4096  # the default max_seq_len never exceeds this, whatever the checkpoint allows
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+class ConfigError(ValueError):
+    """A setting with a value the engine cannot use; the message names the setting and its source."""
+
+
+def _setting(default: Any, shown: str, meaning: str, aliases: tuple[str, ...] = ()) -> Any:
+    """A field with what the README says about it. `aliases`: other names still read, as a parameter
+    or an environment variable (the setting's own names win)."""
+    return field(default=default, metadata={"shown": shown, "meaning": meaning, "aliases": aliases})
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model_dir: str = _setting("", "`MODEL_DIR` env", "checkpoint directory")
+    device: str = _setting("auto", "`auto`", "CUDA if torch sees a GPU, else CPU; or e.g. `cuda:1`")
+    dtype: str = _setting(
+        "auto",
+        "`auto`",
+        "float32 on CPU; on CUDA the checkpoint's float16/bfloat16, else bfloat16; or one of "
+        "`float32`, `bfloat16`, `float16`",
+    )
+    max_seq_len: int = _setting(
+        0,
+        f"min(`max_position_embeddings`, {MAX_SEQ_LEN_CAP})",
+        "prompt + new tokens per request; longer requests get 422, and a request without "
+        "`max_tokens` fills the context up to it",
+    )
+    max_num_seqs: int = _setting(
+        32,
+        "32",
+        "sequences running at once (holding KV blocks); `max_running_seqs` is the old name",
+        aliases=("max_running_seqs",),
+    )
+    max_num_batched_tokens: int = _setting(
+        2048,
+        "2048",
+        "tokens per forward step: prompts longer than what is left after the decodes are split over "
+        "steps (chunked prefill), so a long prompt holds the running streams up for one such step at "
+        "most (lower it for smoother streaming on a slow CPU); at least `max_num_seqs`",
+    )
+    block_size: int = _setting(16, "16", "token positions per KV-cache block")
+    kv_cache_blocks: int = _setting(
+        0, "from the memory fraction", "KV-cache size in blocks (must hold one `max_seq_len` sequence)"
+    )
+    kv_cache_memory_fraction: float = _setting(
+        0.0,
+        "0.9 (CUDA), 0.2 (CPU)",
+        "share of the GPU memory free after loading the model; on CPU of MemAvailable, at most "
+        "`2 × max_num_seqs × max_seq_len` tokens",
+    )
+    enable_prefix_caching: bool = _setting(
+        True,
+        "`true`",
+        "reuse the KV blocks of prompt prefixes seen before (`cached_tokens` in the responses)",
+    )
+    max_queue_size: int = _setting(
+        256,
+        "256",
+        "requests waiting beyond the free running places; past it, 429 with `Retry-After` (0: no bound)",
+    )
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    # -- reading ---------------------------------------------------------------------------------
+    @classmethod
+    def from_parameters(cls, params: Mapping[str, str], env: Mapping[str, str] | None = None) -> EngineConfig:
+        """From config.pbtxt's string parameters, each overridden by TRITONLM_<NAME> when that is set.
+        An empty model_dir falls back to the MODEL_DIR environment variable (set by the launcher)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw, source = _lookup(f.name, f.metadata["aliases"], params, env)
+            if raw:
+                values[f.name] = _parse(f.name, f.type, raw, source)
+        if not values.get("model_dir") and env.get("MODEL_DIR"):
+            values["model_dir"] = env["MODEL_DIR"]
+        return cls(**values)
+
+    @classmethod
+    def from_config_pbtxt(cls, path: Path, env: Mapping[str, str] | None = None) -> EngineConfig:
+        """From an engine model's config.pbtxt (how preprocessing and the launcher learn the engine's
+        settings), with the same environment overrides as the engine."""
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+
+        config = text_format.Parse(Path(path).read_text(), model_config_pb2.ModelConfig())
+        return cls.from_parameters({k: v.string_value for k, v in config.parameters.items()}, env)
+
+    # -- derived values --------------------------------------------------------------------------
+    def resolved(self) -> EngineConfig:
+        """With `max_seq_len` taken from the checkpoint's config.json when it is 0 (default)."""
+        if not self.model_dir:
+            raise ConfigError("model_dir: set the model_dir parameter or the MODEL_DIR environment variable")
+        if self.max_seq_len:
+            return self
+        return replace(self, max_seq_len=min(checkpoint_max_positions(self.model_dir), MAX_SEQ_LEN_CAP))
+
+    def kv_cache_size(self, bytes_per_block: int, device_type: str, free_bytes: int) -> EngineConfig:
+        """With `kv_cache_blocks` resolved: as set, else the memory fraction of `free_bytes` (free GPU
+        memory after loading the model; on CPU MemAvailable, capped at 2 × max_num_seqs × max_seq_len
+        tokens, since CPU pages are only touched as blocks come into use). Fails when the cache cannot
+        hold one max_seq_len sequence. Call on a resolved config."""
+        blocks = self.kv_cache_blocks
+        if not blocks:
+            if device_type == "cuda":
+                budget = (self.kv_cache_memory_fraction or 0.9) * free_bytes
+            else:
+                cap = 2 * self.max_num_seqs * self.max_seq_len // self.block_size * bytes_per_block
+                budget = min((self.kv_cache_memory_fraction or 0.2) * free_bytes, cap)
+            blocks = max(int(budget // bytes_per_block), 1)
+        if blocks * self.block_size < self.max_seq_len:
+            raise ConfigError(
+                f"the KV cache holds {blocks} blocks of {self.block_size} tokens, fewer than one sequence "
+                f"of max_seq_len {self.max_seq_len}: raise kv_cache_blocks or kv_cache_memory_fraction, "
+                "or lower max_seq_len"
+            )
+        return replace(self, kv_cache_blocks=blocks)
+
+    def torch_device(self) -> Any:
+        import torch
+
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def torch_dtype(self, device: Any, checkpoint_dtype: Any = None) -> Any:
+        """The weights' and KV cache's dtype on `device`, for a checkpoint saved in `checkpoint_dtype`."""
+        import torch
+
+        if self.dtype != "auto":
+            return getattr(torch, self.dtype)
+        if device.type == "cpu":  # half precision matmuls are slow or missing on most CPUs
+            return torch.float32
+        return checkpoint_dtype if checkpoint_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+    def describe(self) -> str:
+        """One line for the log: every setting as resolved."""
+        return " ".join(f"{k}={v}" for k, v in asdict(self).items())
+
+    # -- checks ----------------------------------------------------------------------------------
+    def _check(self) -> None:
+        def need(ok: bool, name: str, allowed: str) -> None:
+            if not ok:
+                raise ConfigError(f"{name}: must be {allowed}, got {getattr(self, name)!r}")
+
+        need(bool(_DEVICE.match(self.device)), "device", "auto, cpu, cuda or cuda:N")
+        need(self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}")
+        need(self.max_seq_len == 0 or self.max_seq_len >= 2, "max_seq_len", "0 (from the checkpoint) or >= 2")
+        for name in ("max_num_seqs", "block_size"):
+            need(getattr(self, name) >= 1, name, ">= 1")
+        for name in ("kv_cache_blocks", "max_queue_size"):
+            need(getattr(self, name) >= 0, name, ">= 0")
+        need(0.0 <= self.kv_cache_memory_fraction <= 1.0, "kv_cache_memory_fraction", "in [0, 1]")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "
+                f"({self.max_num_seqs}): every running sequence decodes one token per step"
+            )
+
+
+def checkpoint_max_positions(model_dir: str | Path) -> int:
+    """The longest sequence the checkpoint's config.json allows (`max_position_embeddings`, GPT-2's
+    `n_positions`); MAX_SEQ_LEN_CAP when it says nothing."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or config.get("n_positions") or MAX_SEQ_LEN_CAP)
+
+
+def _lookup(
+    name: str, aliases: tuple[str, ...], params: Mapping[str, str], env: Mapping[str, str]
+) -> tuple[str, str]:
+    """The raw value of a setting and where it came from ("" when unset)."""
+    candidates = [(env, ENV_PREFIX + name.upper(), "environment variable"), (params, name, "parameter")]
+    for alias in aliases:  # an alias in capitals is an environment variable, else a parameter
+        candidates.append(
+            (env, alias, "environment variable") if alias.isupper() else (params, alias, "parameter")
+        )
+    for source, key, kind in candidates:
+        value = (source.get(key) or "").strip()
+        if value:
+            return value, f"{kind} {key}"
+    return "", ""
+
+
+def _parse(name: str, kind: Any, raw: str, source: str) -> Any:
+    kind = kind if isinstance(kind, str) else kind.__name__
+    try:
+        if kind == "bool":
+            lowered = raw.lower()
+            if lowered not in _TRUE + _FALSE:
+                raise ValueError
+            return lowered in _TRUE
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{name}: {source} is {raw!r}, not a{'n' if kind == 'int' else ''} {kind}"
+        ) from None
+    return raw
+
+
+def settings_table() -> str:
+    """The README's table of settings (Markdown), generated from the fields."""
+    rows = ["| Parameter | Default | Meaning |", "|---|---|---|"]
+    rows += [
+        f"| `{f.name}` | {f.metadata['shown']} | {f.metadata['meaning']} |" for f in fields(EngineConfig)
+    ]
+    return "\n".join(rows) + "\n"
+
+
+def pbtxt_parameters() -> dict[str, str]:
+    """config.pbtxt's parameters: a string default is written out (device and dtype `auto`), the
+    others are empty, meaning "the default", which the engine logs as it resolved it."""
+    return {f.name: f.default if isinstance(f.default, str) else "" for f in fields(EngineConfig)}
