@@ -5,11 +5,11 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
+from engine_helpers import sequence
 from test_engine import run_all
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tritonlm.config import EngineConfig
-from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.beam_search import BeamSearch, early_stopping_mode
 from tritonlm.sampling.sampler import SamplingParams
 from tritonlm.text.tokenization import encode_prompt
@@ -101,10 +101,10 @@ def test_engine_beam_search_matches_transformers_among_other_requests(
         )
     )
     beams = [
-        Sequence(prompt, 10, SamplingParams(end_id=end_id), beam_width=3, early_stopping=0),
-        Sequence(prompt[2:], 12, SamplingParams(end_id=end_id), beam_width=4, len_penalty=0.5),
+        sequence(prompt, 10, SamplingParams(end_id=end_id), beam_width=3, early_stopping=0),
+        sequence(prompt[2:], 12, SamplingParams(end_id=end_id), beam_width=4, len_penalty=0.5),
     ]
-    greedy = [Sequence(prompt[i:], 16, SamplingParams()) for i in range(3)]
+    greedy = [sequence(prompt[i:], 16, SamplingParams()) for i in range(3)]
     engine = run_all(runner, [beams[0], *greedy, beams[1]])
     if kv_cache_blocks:
         assert engine.stats()["preemptions"] > 0
@@ -112,11 +112,11 @@ def test_engine_beam_search_matches_transformers_among_other_requests(
         expected = transformers_beams(
             model,
             seq.prompt_ids,
-            seq.beam_width,
-            seq.max_new_tokens,
+            seq.request.beam_width,
+            seq.request.max_new_tokens,
             end_id,
-            seq.len_penalty,
-            seq.early_stopping,
+            seq.request.len_penalty,
+            seq.request.early_stopping,
         )
         assert [b.tokens for b in seq.group.results] == expected
         ended = [b.tokens[-1] == end_id for b in seq.group.results]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from engine_helpers import sequence
 
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.sequence import Sequence
@@ -10,7 +11,7 @@ from tritonlm.sampling.sampler import SamplingParams
 
 
 def seq(tokens, max_new: int = 8) -> Sequence:
-    return Sequence(list(tokens), max_new, SamplingParams())
+    return sequence(list(tokens), max_new, SamplingParams())
 
 
 def admit(bm: BlockManager, s: Sequence) -> int:

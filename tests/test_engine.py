@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from engine_helpers import sequence
 from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import (
     NoRepeatNGramLogitsProcessor,
@@ -36,7 +37,7 @@ def runner(model_dir) -> ModelRunner:
 def run_all(runner: ModelRunner, seqs: list[Sequence], stagger: bool = False) -> Engine:
     """Runs the engine loop until every sequence finished; `stagger` admits them while others run."""
     done = threading.Semaphore(0)
-    engine = Engine(runner, lambda seq, n: seq.finish_reason and done.release())
+    engine = Engine(runner, lambda seq, n: seq.out.finish_reason and done.release())
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
     for i, seq in enumerate(seqs):
@@ -79,12 +80,12 @@ def greedy_refs(hf_model) -> tuple[list[list[int]], list[list[int]]]:
 
 def test_batched_greedy_equals_transformers_generate(runner, greedy_refs):
     prompts, refs = greedy_refs
-    seqs = [Sequence(p, 20, SamplingParams()) for p in prompts]
+    seqs = [sequence(p, 20, SamplingParams()) for p in prompts]
     run_all(runner, seqs, stagger=True)  # more requests than running slots, joining mid-flight
     for seq, ref in zip(seqs, refs, strict=True):
         assert seq.output_ids == ref
-        assert seq.finish_reason == "length"
-        assert [t.batch_size for t in seq.timings] and len(seq.timings) == 20
+        assert seq.out.finish_reason == "length"
+        assert [t.batch_size for t in seq.out.timings] and len(seq.out.timings) == 20
 
 
 def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(model_dir, greedy_refs):
@@ -92,12 +93,12 @@ def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(model
     # 6 blocks of 16 tokens: room for about two of the ten sequences at a time.
     small = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=8, max_seq_len=96, kv_cache_blocks=6))
     small.cache.workspace = None  # decode attention over gathered blocks (the GPU path) here
-    seqs = [Sequence(p, 20, SamplingParams()) for p in prompts]
+    seqs = [sequence(p, 20, SamplingParams()) for p in prompts]
     engine = run_all(small, seqs)
     assert engine.stats()["preemptions"] > 0
     assert any(s.num_preemptions for s in seqs)
     assert [s.output_ids for s in seqs] == refs
-    assert all(s.finish_reason == "length" for s in seqs)
+    assert all(s.out.finish_reason == "length" for s in seqs)
 
 
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir, monkeypatch):
@@ -112,13 +113,13 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir, mon
         return real(*args, **kwargs)
 
     monkeypatch.setattr(runner, "forward", flaky)
-    failed = Sequence([1, 2, 3], 10, SamplingParams())
+    failed = sequence([1, 2, 3], 10, SamplingParams())
     engine = run_all(runner, [failed])
-    assert failed.finish_reason == "error" and "boom" in failed.error
+    assert failed.out.finish_reason == "error" and "boom" in failed.out.error
     assert engine.stats()["kv_blocks_used"] == 0
-    ok = Sequence([1, 2, 3], 10, SamplingParams())
+    ok = sequence([1, 2, 3], 10, SamplingParams())
     run_all(runner, [ok])
-    assert ok.finish_reason == "length" and len(ok.output_ids) == 10
+    assert ok.out.finish_reason == "length" and len(ok.output_ids) == 10
 
 
 def test_chunked_prefill_gives_the_same_outputs(model_dir, greedy_refs):
@@ -126,7 +127,7 @@ def test_chunked_prefill_gives_the_same_outputs(model_dir, greedy_refs):
     chunked = ModelRunner(
         EngineConfig(str(model_dir), max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96)
     )
-    seqs = [Sequence(p, 20, SamplingParams()) for p in prompts]
+    seqs = [sequence(p, 20, SamplingParams()) for p in prompts]
     engine = run_all(chunked, seqs)
     assert [s.output_ids for s in seqs] == refs
     # Every prompt over 8 tokens took several steps: more steps than tokens generated per sequence.
@@ -136,30 +137,30 @@ def test_chunked_prefill_gives_the_same_outputs(model_dir, greedy_refs):
 def test_a_shared_prefix_is_computed_once_and_outputs_stay_the_same(model_dir, hf_model):
     gen = torch.Generator().manual_seed(1)
     system = torch.randint(5, 4000, (100,), generator=gen).tolist()
-    first = Sequence(system + [11, 12, 13], 12, SamplingParams())
-    second = Sequence(system + [21, 22], 12, SamplingParams())
+    first = sequence(system + [11, 12, 13], 12, SamplingParams())
+    second = sequence(system + [21, 22], 12, SamplingParams())
     cached = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=4, max_seq_len=256))
     engine = run_all(cached, [first])
     run_all_on(engine, [second])
-    assert first.cached_tokens == 0
-    assert second.cached_tokens == 96  # the six full 16-token blocks of the shared 100 tokens
+    assert first.out.cached_tokens == 0
+    assert second.out.cached_tokens == 96  # the six full 16-token blocks of the shared 100 tokens
     assert engine.stats()["prefix_cache_hits"] == 96
     assert second.output_ids == generate(hf_model, second.prompt_ids, 12)
     uncached = ModelRunner(
         EngineConfig(str(model_dir), max_num_seqs=4, max_seq_len=256, enable_prefix_caching=False)
     )
-    again = Sequence(list(second.prompt_ids), 12, SamplingParams())
+    again = sequence(list(second.prompt_ids), 12, SamplingParams())
     run_all(uncached, [again])
-    assert again.cached_tokens == 0 and again.output_ids == second.output_ids
+    assert again.out.cached_tokens == 0 and again.output_ids == second.output_ids
 
 
 def test_requests_admitted_together_share_a_prefix_computed_in_that_step(runner, hf_model):
     shared = list(range(100, 132))  # two full blocks
-    first = Sequence(shared + [5, 6, 7], 8, SamplingParams())
-    second = Sequence(shared + [9], 8, SamplingParams())  # all but its last token cached
+    first = sequence(shared + [5, 6, 7], 8, SamplingParams())
+    second = sequence(shared + [9], 8, SamplingParams())  # all but its last token cached
     engine = Engine(runner, lambda seq, n: None)
     run_all_on(engine, [first, second])  # both queued before the first step: admitted together
-    assert first.cached_tokens == 0 and second.cached_tokens == 32 and engine.steps == 8
+    assert first.out.cached_tokens == 0 and second.out.cached_tokens == 32 and engine.steps == 8
     for seq in (first, second):
         assert seq.output_ids == generate(hf_model, seq.prompt_ids, 8)
 
@@ -177,34 +178,32 @@ def test_prompt_and_generation_logits_hooks(model_dir, hf_model):
         EngineConfig(str(model_dir), max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96)
     )
     prompt = list(range(30, 60))
-    seq = Sequence(prompt, 4, SamplingParams(return_context_logits=True, return_generation_logits=True))
-    other = Sequence(prompt[:20], 4, SamplingParams())  # same prefix: must not make seq skip any row
+    seq = sequence(prompt, 4, SamplingParams(return_context_logits=True, return_generation_logits=True))
+    other = sequence(prompt[:20], 4, SamplingParams())  # same prefix: must not make seq skip any row
     run_all(runner, [other, seq])
     with torch.no_grad():
         full = hf_model(torch.tensor([prompt + seq.output_ids[:-1]])).logits[0]
-    context = torch.cat(seq.prompt_logits)
+    context = torch.cat(seq.out.prompt_logits)
     assert context.dtype == torch.float32 and context.shape == (30, runner.vocab_size)
     assert torch.allclose(context, full[:30], atol=1e-4)
-    assert len(seq.generation_logits) == 4
-    assert torch.allclose(torch.stack(seq.generation_logits), full[29:], atol=1e-4)
+    assert len(seq.out.generation_logits) == 4
+    assert torch.allclose(torch.stack(seq.out.generation_logits), full[29:], atol=1e-4)
 
 
 def test_fork_copies_a_shared_partial_block_before_writing(model_dir, hf_model):
     runner = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=4, max_seq_len=96, block_size=4))
     engine = Engine(runner, lambda seq, n: None)
-    parent = Sequence([5, 6, 7, 8, 9, 10], 8, SamplingParams())  # 1.5 blocks
+    parent = sequence([5, 6, 7, 8, 9, 10], 8, SamplingParams())  # 1.5 blocks
     engine.add(parent)
     engine.step()  # prefill; its first token sampled
-    child = Sequence(list(parent.prompt_ids), 8, SamplingParams())
+    child = sequence(parent.prompt_ids, 8, SamplingParams())
     child.output_ids = [77]  # a different continuation of the same 6 tokens
-    child.generator = None
-    engine.blocks.fork(parent, child)
-    engine.scheduler.running.append(child)
+    engine.scheduler.fork(parent, child)
     while parent.num_tokens < 12:
         engine.step()
     for seq in (parent, child):
         with torch.no_grad():
-            logits = hf_model(torch.tensor([seq.prompt_ids + seq.output_ids])).logits[0]
+            logits = hf_model(torch.tensor([[*seq.prompt_ids, *seq.output_ids]])).logits[0]
         assert seq.output_ids[1:] == logits[6:-1].argmax(-1).tolist()
     assert parent.block_table[0] == child.block_table[0] and parent.block_table[1] != child.block_table[1]
 
@@ -230,27 +229,27 @@ def test_other_decoders_work_through_the_attention_interface(arch, tmp_path):
     model.save_pretrained(tmp_path)
     runner = ModelRunner(EngineConfig(str(tmp_path), max_num_seqs=4, max_num_batched_tokens=16, block_size=4))
     prompts = [[3, 4, 5], list(range(10, 40)), [7] * 9]
-    seqs = [Sequence(p, 10, SamplingParams()) for p in prompts]
+    seqs = [sequence(p, 10, SamplingParams()) for p in prompts]
     run_all(runner, seqs)
     assert [s.output_ids for s in seqs] == [generate(model, p, 10) for p in prompts]
 
 
 def test_end_id_stop_words_and_min_length(runner):
-    probe = Sequence([10, 11, 12], 12, SamplingParams())
+    probe = sequence([10, 11, 12], 12, SamplingParams())
     run_all(runner, [probe])
     out = probe.output_ids
-    ended = Sequence([10, 11, 12], 12, SamplingParams(end_id=out[3]))
-    stopped = Sequence([10, 11, 12], 12, SamplingParams(), stop_words=[out[2:4]])
-    delayed = Sequence([10, 11, 12], 12, SamplingParams(end_id=out[0], min_length=5))
+    ended = sequence([10, 11, 12], 12, SamplingParams(end_id=out[3]))
+    stopped = sequence([10, 11, 12], 12, SamplingParams(), stop_words=[out[2:4]])
+    delayed = sequence([10, 11, 12], 12, SamplingParams(end_id=out[0], min_length=5))
     run_all(runner, [ended, stopped, delayed])
-    assert (ended.output_ids, ended.finish_reason) == (out[:4], "end_id")
-    assert (stopped.output_ids, stopped.finish_reason) == (out[:4], "stop_words")
+    assert (ended.output_ids, ended.out.finish_reason) == (out[:4], "end_id")
+    assert (stopped.output_ids, stopped.out.finish_reason) == (out[:4], "stop_words")
     assert len(delayed.output_ids) >= 5 and out[0] not in delayed.output_ids[:5]
 
 
 def test_cancelled_sequence_leaves_within_a_step(runner):
     cancel = threading.Event()
-    seq = Sequence([1, 2, 3], 200, SamplingParams(), is_cancelled=cancel.is_set)
+    seq = sequence([1, 2, 3], 200, SamplingParams(), is_cancelled=cancel.is_set)
     outputs = []
 
     def on_output(s: Sequence, n: int) -> None:
@@ -260,24 +259,24 @@ def test_cancelled_sequence_leaves_within_a_step(runner):
 
     engine = Engine(runner, on_output)
     engine.add(seq)
-    waiting = Sequence([1, 2, 3], 200, SamplingParams(), is_cancelled=lambda: True)
-    while not seq.finish_reason:
+    waiting = sequence([1, 2, 3], 200, SamplingParams(), is_cancelled=lambda: True)
+    while not seq.out.finish_reason:
         engine.step()
         if len(seq.output_ids) == 2:
             engine.add(waiting)
-    assert seq.finish_reason == "cancelled" and len(seq.output_ids) == 3
-    assert waiting.finish_reason == "cancelled" and not waiting.output_ids
+    assert seq.out.finish_reason == "cancelled" and len(seq.output_ids) == 3
+    assert waiting.out.finish_reason == "cancelled" and not waiting.output_ids
     assert engine.stats()["kv_blocks_used"] == 0 and not engine.scheduler.has_work()
 
 
 def test_a_full_waiting_queue_refuses_requests(model_dir):
     runner = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=2, max_seq_len=64, max_queue_size=2))
     engine = Engine(runner, lambda seq, n: None)
-    assert all(engine.add(Sequence([1, 2], 4, SamplingParams())) for _ in range(4))
-    assert not engine.add(Sequence([1, 2], 4, SamplingParams()))
+    assert all(engine.add(sequence([1, 2], 4, SamplingParams())) for _ in range(4))
+    assert not engine.add(sequence([1, 2], 4, SamplingParams()))
     while engine.scheduler.waiting:  # room again as soon as requests finish
         engine.step()
-    assert engine.add(Sequence([1, 2], 4, SamplingParams()))
+    assert engine.add(sequence([1, 2], 4, SamplingParams()))
 
 
 def test_settings_from_parameters_and_environment(monkeypatch):
@@ -393,7 +392,7 @@ def test_invalid_request_tensors_are_named(extra, name):
 
 
 def test_request_parsing():
-    seq = parse_request(
+    request = parse_request(
         tensors(
             stop_words_list=[[7, 8, 9], [2, 3, -1]],
             runtime_top_k=[5],
@@ -403,5 +402,5 @@ def test_request_parsing():
         vocab_size=4096,
         max_seq_len=256,
     )
-    assert seq.stop_words == [[7, 8], [9]] and seq.params.top_k == 5 and seq.streaming
-    assert seq.params.seed == 2**64 - 1 and not seq.params.greedy
+    assert request.stop_words == ((7, 8), (9,)) and request.params.top_k == 5 and request.streaming
+    assert request.params.seed == 2**64 - 1 and not request.params.greedy

@@ -449,7 +449,7 @@ def test_postprocess_beam_rows_and_top_token_texts(chat_tokenizer) -> None:
 def test_engine_makes_postprocessing_text_when_asked(byte_level) -> None:
     """The engine's own text outputs (what the HTTP frontend asks for) equal what postprocessing
     makes of the same responses, and only the outputs asked for are built."""
-    from tritonlm.engine.sequence import TokenTiming
+    from tritonlm.engine.sequence import Sequence, TokenTiming
     from tritonlm.serving.engine_inputs import parse_request
     from tritonlm.serving.engine_outputs import ResponseBuilder, response_tensors
 
@@ -461,13 +461,13 @@ def test_engine_makes_postprocessing_text_when_asked(byte_level) -> None:
         "stop_words_list": words_to_list(byte_level, ["STOP"]),
         "skip_special_tokens": np.array([False]),
     }
-    seq = parse_request(request, len(byte_level), 512)
+    seq = Sequence(parse_request(request, len(byte_level), 512))
     builder, post = ResponseBuilder(byte_level), Postprocessor(byte_level)
     wanted = ("text_output", "stop_reason", "token_texts", "token_special", "output_ids")
     engine_text = post_text = ""
     for i, token in enumerate(ids):
         seq.output_ids.append(token)
-        seq.timings.append(TokenTiming(1, 0, 1.0))
+        seq.out.timings.append(TokenTiming(1, 0, 1.0))
         finish = "end_id" if i == len(ids) - 1 else ""
         out = builder.build(seq, i, i + 1, finish, wanted)
         assert set(out) == set(wanted)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from engine_helpers import sequence
+
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.scheduler import Batch, Scheduler
 from tritonlm.engine.sequence import Sequence
@@ -9,7 +11,7 @@ from tritonlm.sampling.sampler import SamplingParams
 
 
 def seq(n_prompt: int, max_new: int = 50, start: int = 0) -> Sequence:
-    return Sequence(list(range(start, start + n_prompt)), max_new, SamplingParams())
+    return sequence(list(range(start, start + n_prompt)), max_new, SamplingParams())
 
 
 def make(num_blocks=64, block_size=4, max_num_seqs=8, budget=64, queue=0) -> Scheduler:
@@ -25,7 +27,7 @@ def run_step(s: Scheduler) -> Batch:
     for q, flag in zip(batch.seqs, flags, strict=True):
         if flag:
             q.output_ids.append(1000 + len(q.output_ids))
-            if len(q.output_ids) >= q.max_new_tokens:
+            if len(q.output_ids) >= q.request.max_new_tokens:
                 s.finish(q)
     return batch
 
@@ -134,7 +136,7 @@ def test_preempted_sequence_is_recomputed_with_its_outputs():
     # Its freed blocks went to a and b: prompt and output token are computed again, and it is
     # sampled at the end of the recompute.
     assert batch.num_new[i] == 9 and c.num_computed == 9 and len(c.output_ids) == 2
-    assert c.cached_tokens == 0  # reported from its first admission only
+    assert c.out.cached_tokens == 0  # reported from its first admission only
 
 
 def test_no_admission_in_a_step_that_preempted():
@@ -174,7 +176,7 @@ def test_prefix_hits_count_as_computed_and_are_reported():
     s.add(b)
     batch = run_step(s)
     i = batch.seqs.index(b)
-    assert b.cached_tokens == 12 and batch.num_new[i] == 1
+    assert b.out.cached_tokens == 12 and batch.num_new[i] == 1
 
 
 def test_same_step_admissions_share_a_prefix_being_computed():
@@ -183,5 +185,5 @@ def test_same_step_admissions_share_a_prefix_being_computed():
     s.add(a)
     s.add(b)
     batch = run_step(s)
-    assert batch.num_new == [13, 1] and b.cached_tokens == 12
+    assert batch.num_new == [13, 1] and b.out.cached_tokens == 12
     assert b.block_table[:3] == a.block_table[:3]

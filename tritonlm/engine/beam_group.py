@@ -1,30 +1,28 @@
 """A beam-search request inside the engine.
 
-Its beams are ordinary Sequences that the scheduler runs, preempts and recomputes like any other;
-they share KV blocks through `BlockManager.fork` (copy-on-write of a shared partial block). A beam
-whose logits this step produced has no pending token, so the scheduler leaves it alone until every
-beam of the group has reported; then `BeamSearch.step` decides who continues with which token:
-a parent with several children is forked, a parent with none is dropped.
-
-The request's own Sequence (the first beam) carries what the response needs: settings, timings
-and, once done, the results.
+The request's own Sequence (the group's `head`) never runs: it carries what the response needs
+(settings, per-step timings and, once done, the results). Its beams are ordinary Sequences that the
+scheduler runs, preempts and recomputes like any other; they share KV blocks through
+`Scheduler.fork` (copy-on-write of a shared partial block). A beam whose logits this step produced
+awaits its group (status AWAITING_BEAMS, nothing to feed) until every beam has reported; then
+`BeamSearch.step` decides who continues with which token: a parent with several children is forked,
+a parent with none is finished.
 """
 
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from tritonlm.engine.scheduler import Scheduler
-from tritonlm.engine.sequence import Sequence, TokenTiming
+from tritonlm.engine.sequence import Sequence, Status, TokenTiming
 from tritonlm.sampling.beam_search import Beam, BeamSearch, early_stopping_mode
 from tritonlm.sampling.sampler import process_logits
 
 
 class BeamGroup:
-    def __init__(self, request: Sequence, max_seq_len: int):
-        self.request = request
+    def __init__(self, head: Sequence, max_seq_len: int):
+        self.head = head
+        request = head.request
         params = request.params
         end_ids = {w[0] for w in request.stop_words if len(w) == 1}
         if params.end_id >= 0:
@@ -37,13 +35,17 @@ class BeamGroup:
             early_stopping_mode(request.early_stopping),
             params.num_top_log_probs,
         )
-        self.beams: list[Sequence] = [request]  # aligned with search.running
+        # The first beam feeds the prompt: what the response reports of that (cached tokens, prefill
+        # time) goes straight into the head's outputs.
+        first = Sequence(request, out=head.out, is_cancelled=head.is_cancelled, group=self)
+        self.beams: list[Sequence] = [first]  # aligned with search.running
         self.pending: dict[int, torch.Tensor] = {}  # id(beam) -> its next-token logits
         self.results: list[Beam] = []
 
     def report(self, beam: Sequence, logits: torch.Tensor) -> bool:
         """Keeps a beam's logits; True when every running beam has reported."""
         self.pending[id(beam)] = logits
+        beam.status = Status.AWAITING_BEAMS
         return all(id(b) in self.pending for b in self.beams)
 
     def advance(self, scheduler: Scheduler, batch_size: int, start: float, end: float) -> bool:
@@ -52,11 +54,11 @@ class BeamGroup:
         logits = torch.stack([self.pending.pop(id(b)) for b in self.beams]).float()
         log_probs = process_logits(logits.log_softmax(dim=-1), [b.sampler_input() for b in self.beams])
         moves = self.search.step(log_probs)
-        request = self.request
-        request.timings.append(
-            TokenTiming(batch_size, int((start - request.last_event) * 1e6), (end - request.last_event) * 1e3)
+        head = self.head
+        head.out.timings.append(
+            TokenTiming(batch_size, int((start - head.last_event) * 1e6), (end - head.last_event) * 1e3)
         )
-        request.last_event = end
+        head.last_event = end
 
         # Move j continues parent p with a token: p's first move reuses p's sequence, later ones fork
         # it (all forks before any append, so each copies the parent as it was); unused parents go.
@@ -72,6 +74,8 @@ class BeamGroup:
         ]
         for beam, (_, token) in zip(new_beams, moves, strict=True):
             beam.output_ids.append(token)
+            if beam.status is Status.AWAITING_BEAMS:
+                beam.status = Status.RUNNING
         self.beams = new_beams
         if self.search.done:
             self.results = self.search.results()
@@ -86,7 +90,7 @@ class BeamGroup:
 
     def finish_reasons(self) -> list[str]:
         end_ids = self.search.end_ids
-        params = self.request.params
+        params = self.head.params
         return [
             ("end_id" if b.tokens[-1] == params.end_id else "stop_words")
             if b.tokens and b.tokens[-1] in end_ids
@@ -94,17 +98,13 @@ class BeamGroup:
             for b in self.results
         ]
 
-    @staticmethod
-    def _fork(parent: Sequence, scheduler: Scheduler) -> Sequence:
-        child = copy.copy(parent)
-        child.output_ids = list(parent.output_ids)
-        child.block_table, child.block_hashes = [], []
-        child.timings, child.log_probs = [], []
-        child.prompt_logits, child.generation_logits = [], []
-        if parent.block_table and len(scheduler.running) < scheduler.max_num_seqs:
-            scheduler.blocks.fork(parent, child)  # share the parent's KV blocks
-            scheduler.running.append(child)
-        else:  # no running place (or the parent was preempted): recomputed, mostly from the prefix cache
-            child.num_computed = 0
-            scheduler.waiting.appendleft(child)
+    def _fork(self, parent: Sequence, scheduler: Scheduler) -> Sequence:
+        child = Sequence(
+            parent.request,
+            output_ids=list(parent.output_ids),
+            num_computed=parent.num_computed,
+            is_cancelled=parent.is_cancelled,
+            group=self,
+        )
+        scheduler.fork(parent, child)
         return child

@@ -6,8 +6,10 @@ with a sequence and the number of tokens it gained (0 when it finished without a
 Whoever receives the callback must not block (Triton's adapter hands it to a sender thread).
 
 Each step: drop cancelled sequences → `Scheduler.schedule` (decodes, prefill chunks, admissions,
-preemptions; see tritonlm.engine.scheduler) → one packed forward → sample the sequences whose chunk reached
-their last token → append, check stop rules → retire finished ones (their blocks are freed).
+preemptions; see engine.scheduler) → one packed forward → sample the sequences whose chunk reached
+their last token → append, check stop rules (engine.stopping) → retire finished ones (their blocks
+are freed). A beam-search request's beams report their logits to their group (engine.beam_group),
+which advances them all at once.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 from tritonlm.engine.beam_group import BeamGroup
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.scheduler import Scheduler
-from tritonlm.engine.sequence import Sequence, TokenTiming
+from tritonlm.engine.sequence import Sequence, Status, TokenTiming
+from tritonlm.engine.stopping import finish_reason
 from tritonlm.sampling.sampler import sample
 from tritonlm.worker.model_runner import ModelRunner
 
@@ -54,14 +57,19 @@ class Engine:
     # -- called from other threads ------------------------------------------------------------
     def add(self, seq: Sequence) -> bool:
         """Queues a request; False when the waiting queue is full (the caller refuses it)."""
-        seq.generator = seq.params.make_generator(self.runner.device)
-        if seq.beam_width > 1:
-            seq.group = BeamGroup(seq, self.runner.config.max_seq_len)
-        if seq.stop_strings and self.detokenizer_factory is not None:
+        request = seq.request
+        seq.generator = request.params.make_generator(self.runner.device)
+        if request.stop_strings and self.detokenizer_factory is not None:
             seq.detokenizer = self.detokenizer_factory()
+        runs = seq
+        if request.beam_width > 1:  # the request waits for its beams, which the scheduler runs
+            seq.group = BeamGroup(seq, self.runner.config.max_seq_len)
+            runs = seq.group.beams[0]
         with self.wakeup:
-            if not self.scheduler.add(seq):
+            if not self.scheduler.add(runs):
                 return False
+            if runs is not seq:
+                seq.status = Status.AWAITING_BEAMS
             self.wakeup.notify()
         return True
 
@@ -105,12 +113,12 @@ class Engine:
 
     def _fail_running(self, message: str) -> None:
         for seq in list(self.scheduler.running):
-            if seq.group is not None and seq.group.request is not seq:
-                continue  # a beam: its request answers for the group
-            self._finish(seq)
-            if not seq.finish_reason:  # some may have finished before the failure
-                seq.error = message
-                self._retire(seq, "error")
+            request = self._request_of(seq)
+            if request.finished:  # an earlier beam of its group failed it already
+                continue
+            self._finish(request)
+            request.out.error = message
+            self._retire(request, "error")
         # Blocks registered for the failed step may hold garbage: forget every cached prefix.
         self.blocks.reset_prefix_cache()
         self.blocks.take_pending_copies()
@@ -118,9 +126,10 @@ class Engine:
 
     def _retire(self, seq: Sequence, reason: str, new_tokens: int = 0) -> None:
         """Reports a finished sequence; the caller already took it out of the scheduler."""
-        seq.finish_reason = reason
-        if len(seq.timings) > 1 and reason != "cancelled":
-            tpot = sum(t.decode_ms for t in seq.timings[1:]) / (len(seq.timings) - 1) / 1e3
+        seq.out.finish_reason = reason
+        timings = seq.out.timings
+        if len(timings) > 1 and reason != "cancelled":
+            tpot = sum(t.decode_ms for t in timings[1:]) / (len(timings) - 1) / 1e3
             self.latencies.append(("tpot", tpot))
         self.on_output(seq, new_tokens)
 
@@ -128,14 +137,19 @@ class Engine:
         """Takes a request out of the scheduler: a beam-search request with all its beams."""
         if seq.group is not None:
             seq.group.finish(self.scheduler)
-        self.scheduler.finish(seq)
+            seq.status = Status.FINISHED
+        else:
+            self.scheduler.finish(seq)
+
+    @staticmethod
+    def _request_of(seq: Sequence) -> Sequence:
+        """The sequence a client's responses come from: a beam's group head, else itself."""
+        return seq.group.head if seq.group is not None else seq
 
     def _drop_cancelled(self) -> None:
-        for queue in (self.scheduler.running, self.scheduler.waiting):
-            for seq in [s for s in queue if s.is_cancelled()]:
-                if seq.finish_reason:  # a beam whose request was retired a moment ago
-                    continue
-                request = seq.group.request if seq.group is not None else seq
+        for seq in [s for s in self.scheduler.sequences() if s.is_cancelled()]:
+            request = self._request_of(seq)
+            if not request.finished:  # another beam of its group may have retired it already
                 self._finish(request)
                 self._retire(request, "cancelled")
 
@@ -170,7 +184,7 @@ class Engine:
         self.tokens_generated += len(sampled)
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             if not seq.output_ids and n:
-                seq.prefill_ms += (end - start) * 1e3  # every step that fed its prompt
+                seq.out.prefill_ms += (end - start) * 1e3  # every step that fed its prompt
         for j, i in enumerate(plain):
             self._append(sampled[i], tokens[j], log_probs, j, logits, len(batch), start, end)
         for i, seq in enumerate(sampled):
@@ -181,16 +195,18 @@ class Engine:
         """Every running place may be held by beams waiting for their groups' other beams, which
         wait for a place: preempt the newest (it is recomputed later) so the queue moves."""
         running = self.scheduler.running
-        if self.scheduler.waiting and running and all(s.num_computed == s.num_tokens for s in running):
+        if self.scheduler.waiting and running and all(s.status is Status.AWAITING_BEAMS for s in running):
             self.scheduler.preempt(running[-1])
 
     def _advance_beams(self, group: BeamGroup, batch_size: int, start: float, end: float) -> None:
-        if not group.request.output_ids and not group.request.timings:
-            self.latencies.append(("ttft", end - group.request.arrival))
+        head = group.head
+        if not head.out.timings:
+            self.latencies.append(("ttft", end - head.request.arrival))
         self.tokens_generated += len(group.beams)
         if group.advance(self.scheduler, batch_size, start, end):
             reasons = group.finish_reasons()
-            self._retire(group.request, reasons[0] if reasons else "length")
+            head.status = Status.FINISHED
+            self._retire(head, reasons[0] if reasons else "length")
 
     def _append(
         self,
@@ -203,22 +219,23 @@ class Engine:
         start: float,
         end: float,
     ) -> None:
+        out = seq.out
         if not seq.output_ids:
-            self.latencies.append(("ttft", end - seq.arrival))
-        seq.timings.append(
+            self.latencies.append(("ttft", end - seq.request.arrival))
+        out.timings.append(
             TokenTiming(batch_size, int((start - seq.last_event) * 1e6), (end - seq.last_event) * 1e3)
         )
         seq.last_event = end
         seq.output_ids.append(token)
         if seq.params.return_generation_logits:
-            seq.generation_logits.append(logits[row].float().cpu())
+            out.generation_logits.append(logits[row].float().cpu())
         if log_probs is not None and seq.params.return_log_probs:
-            seq.log_probs.append(log_probs[row])
+            out.log_probs.append(log_probs[row])
             if seq.params.num_top_log_probs:
-                seq.top_ids.append(log_probs.top_ids[row])
-                seq.top_log_probs.append(log_probs.top_values[row])
+                out.top_ids.append(log_probs.top_ids[row])
+                out.top_log_probs.append(log_probs.top_values[row])
         new_text = seq.detokenizer.add([token]) if seq.detokenizer is not None else ""
-        reason = seq.check_stop(new_text, self.runner.config.max_seq_len)
+        reason = finish_reason(seq, new_text, self.runner.config.max_seq_len)
         if reason:
             self.scheduler.finish(seq)
             self._retire(seq, reason, new_tokens=1)
@@ -228,8 +245,9 @@ class Engine:
     def _keep_prompt_logits(self, seq: Sequence, logits: torch.Tensor) -> None:
         """Keeps the logits of the prompt positions of this chunk not kept yet (a recompute after a
         preemption feeds them again)."""
-        have = sum(t.shape[0] for t in seq.prompt_logits)
+        kept = seq.out.prompt_logits
+        have = sum(t.shape[0] for t in kept)
         first = seq.num_computed  # the chunk's first position (num_computed not advanced yet)
         rows = logits[max(have - first, 0) : len(seq.prompt_ids) - first]
         if rows.shape[0]:
-            seq.prompt_logits.append(rows.float().cpu())
+            kept.append(rows.float().cpu())

@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tritonlm.engine.block_manager import BlockManager
-from tritonlm.engine.sequence import Sequence
+from tritonlm.engine.sequence import Sequence, Status
 
 
 @dataclass
@@ -84,21 +84,38 @@ class Scheduler:
         free_places = max(self.max_num_seqs - len(self.running), 0)
         if self.max_queue_size and len(self.waiting) >= self.max_queue_size + free_places:
             return False
+        seq.status = Status.WAITING
         self.waiting.append(seq)
         return True
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def sequences(self) -> list[Sequence]:
+        """Every sequence the scheduler holds, running ones first."""
+        return [*self.running, *self.waiting]
+
     def finish(self, seq: Sequence) -> None:
         """Removes a finished (or cancelled) sequence, running or waiting, and frees its blocks."""
-        for queue in (self.running, self.waiting):
-            for i, s in enumerate(queue):
-                if s is seq:  # by identity: Sequence's dataclass == compares every field
-                    del queue[i]
-                    self.blocks.free(seq)
-                    return
+        if seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        elif seq in self.running:  # running, or a beam awaiting its group
+            self.running.remove(seq)
         self.blocks.free(seq)
+        seq.status = Status.FINISHED
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Starts `child`, a copy of `parent` about to diverge from it (a beam), sharing the parent's
+        KV blocks (copy-on-write); with no running place, or a parent without blocks (preempted),
+        it waits first in line instead, to be recomputed (mostly from the prefix cache)."""
+        if parent.block_table and len(self.running) < self.max_num_seqs:
+            self.blocks.fork(parent, child)
+            child.status = Status.RUNNING
+            self.running.append(child)
+        else:
+            child.num_computed = 0
+            child.status = Status.WAITING
+            self.waiting.appendleft(child)
 
     def schedule(self) -> Batch:
         batch = Batch()
@@ -156,8 +173,9 @@ class Scheduler:
             self.waiting.popleft()
             cached = self.blocks.allocate(seq, hits)
             if not seq.num_preemptions:  # first admission: what the response reports
-                seq.cached_tokens = cached
+                seq.out.cached_tokens = cached
             self.blocks.append_slots(seq, n)
+            seq.status = Status.RUNNING
             self.running.append(seq)
             batch._add(seq, n)
             budget -= n
@@ -177,8 +195,9 @@ class Scheduler:
         """Sends a running sequence back to the front of the waiting queue, without its blocks.
         Returns the tokens it had been given in this step's batch (0 if none)."""
         given = batch._remove(seq)
-        self.running = [s for s in self.running if s is not seq]
+        self.running.remove(seq)
         self.blocks.free(seq)
+        seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         seq.num_preemptions += 1
         self.num_preemptions += 1

@@ -8,9 +8,11 @@ then temperature, top-k, top-p, typical-p; then greedy argmax or a seeded draw p
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from tritonlm.sampling.params import SamplingParams
 
 # TGI's watermark (Kirchenbauer et al.): a green list seeded by the previous token gets a logit bonus.
 WATERMARK_GAMMA = float(os.environ.get("WATERMARK_GAMMA", "0.5"))
@@ -19,49 +21,17 @@ WATERMARK_HASH_KEY = 15485863
 
 
 @dataclass
-class SamplingParams:
-    temperature: float = 1.0
-    top_k: int = 0  # 0: no limit
-    top_p: float = 0.0  # 0 (or 1): no limit
-    typical_p: float = 1.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_length: int = 0
-    no_repeat_ngram_size: int = 0
-    end_id: int = -1
-    seed: int | None = None
-    watermark: bool = False
-    embedding_bias: torch.Tensor | None = None  # [vocab]
-    bad_words: list[list[int]] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)  # single-token stop words (min_length)
-    return_log_probs: bool = False
-    num_top_log_probs: int = 0  # alternatives reported per token (needs return_log_probs)
-    return_prompt_log_probs: bool = False
-    return_context_logits: bool = False
-    return_generation_logits: bool = False
-
-    @property
-    def greedy(self) -> bool:
-        # TensorRT-LLM's rule: top_k and top_p both 0 means greedy; so do temperature 0 and top_k 1.
-        return self.temperature == 0.0 or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0.0)
-
-    def make_generator(self, device: torch.device) -> torch.Generator | None:
-        if self.greedy:
-            return None
-        generator = torch.Generator(device=device)
-        generator.manual_seed(self.seed if self.seed is not None else int.from_bytes(os.urandom(8), "little"))
-        return generator
-
-
-@dataclass
 class SamplerInput:
     """What the sampler needs from one running sequence."""
 
     params: SamplingParams
-    prompt_ids: list[int]
+    prompt_ids: tuple[int, ...]
     output_ids: list[int]
     generator: torch.Generator | None
+
+    @property
+    def tokens(self) -> list[int]:
+        return [*self.prompt_ids, *self.output_ids]
 
 
 def _token_matrix(rows: list[list[int]], fill: int, device: torch.device) -> torch.Tensor:
@@ -77,7 +47,7 @@ def _apply_penalties(logits: torch.Tensor, batch: list[SamplerInput]) -> None:
     vocab = logits.shape[1]
     rep = [i for i, s in enumerate(batch) if s.params.repetition_penalty != 1.0]
     if rep:  # transformers' rule over prompt and output: divide positive logits, multiply negative ones
-        ids = _token_matrix([batch[i].prompt_ids + batch[i].output_ids for i in rep], vocab, logits.device)
+        ids = _token_matrix([batch[i].tokens for i in rep], vocab, logits.device)
         seen = torch.zeros(len(rep), vocab + 1, dtype=torch.bool, device=logits.device)
         seen.scatter_(1, ids, True)
         seen = seen[:, :vocab]
@@ -101,7 +71,7 @@ def _apply_penalties(logits: torch.Tensor, batch: list[SamplerInput]) -> None:
 def _banned_tokens(s: SamplerInput) -> list[int]:
     p = s.params
     banned: list[int] = []
-    tokens = s.prompt_ids + s.output_ids
+    tokens = s.tokens
     n = p.no_repeat_ngram_size
     if n > 0 and len(tokens) >= n:
         prefix = tuple(tokens[len(tokens) - n + 1 :])
@@ -162,7 +132,7 @@ def process_logits(logits: torch.Tensor, batch: list[SamplerInput]) -> torch.Ten
         if banned:
             logits[i, banned] = float("-inf")
         if s.params.watermark:
-            previous = (s.prompt_ids + s.output_ids)[-1]
+            previous = s.output_ids[-1] if s.output_ids else s.prompt_ids[-1]
             logits[i, _watermark_greenlist(previous, logits.shape[1], logits.device)] += WATERMARK_DELTA
     return logits
 

@@ -1,4 +1,4 @@
-"""Turns the engine's request tensors (seed 003) into a Sequence, or a clear error naming a tensor."""
+"""Turns the engine's request tensors (seed 003) into a Request, or a clear error naming a tensor."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 import numpy as np
 import torch
 
-from tritonlm.engine.sequence import Sequence
+from tritonlm.engine.request import Request
 from tritonlm.errors import InvalidRequest
-from tritonlm.sampling.sampler import SamplingParams
+from tritonlm.sampling.params import SamplingParams
 from tritonlm.serving import contract
 from tritonlm.text.tokenization import list_to_words
 
@@ -46,7 +46,7 @@ def parse_word_list(tensors: dict[str, np.ndarray], name: str, vocab_size: int) 
     return words
 
 
-def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: int) -> Sequence:
+def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: int) -> Request:
     unimplemented = [n for n in contract.ENGINE_UNIMPLEMENTED if n in tensors]
     _check(not unimplemented, f"{', '.join(unimplemented)}: not supported by this engine yet")
     beam_width = _scalar(tensors, "beam_width")
@@ -127,12 +127,12 @@ def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: 
         bias = tensors["embedding_bias"].reshape(-1)
         _check(bias.size == vocab_size, f"embedding_bias: expected {vocab_size} values, got {bias.size}")
         params.embedding_bias = torch.from_numpy(bias.astype(np.float32))
-    return Sequence(
-        prompt_ids=ids.tolist(),
+    return Request(
+        prompt_ids=tuple(ids.tolist()),
         max_new_tokens=max_new,
         params=params,
         streaming=streaming,
-        stop_words=stop_words,
+        stop_words=tuple(tuple(w) for w in stop_words),
         beam_width=beam_width,
         len_penalty=len_penalty,
         early_stopping=early_stopping,

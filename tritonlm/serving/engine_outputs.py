@@ -40,20 +40,20 @@ def response_tensors(seq: Sequence, first: int, end: int, finish_reason: str) ->
     appended more tokens since, so the caller passes the range and finish reason it was told about.
     Every declared output is present in every response (empty when not requested), so ensembles can
     route them unconditionally."""
-    params = seq.params
+    request, out = seq.request, seq.out
+    params = request.params
     ids = seq.output_ids[first:end]
-    timings = seq.timings[first:end]
+    timings = out.timings[first:end]
     n = len(ids)
     k = params.num_top_log_probs
-    log_probs = seq.log_probs[first:end] if params.return_log_probs else []
-    prompt_logits = getattr(seq, "prompt_logits", None)
-    context = torch.cat(prompt_logits) if first == 0 and prompt_logits else None
-    generation = getattr(seq, "generation_logits", None)
+    log_probs = out.log_probs[first:end] if params.return_log_probs else []
+    context = torch.cat(out.prompt_logits) if first == 0 and out.prompt_logits else None
+    generation = out.generation_logits
     values: dict[str, object] = {
         "output_ids": [ids],
         "sequence_length": [n],
         "output_log_probs": [[log_probs]] if log_probs else np.zeros((1, 1, 0)),
-        "cum_log_probs": [[sum(seq.log_probs[:end])]] if log_probs else np.zeros((1, 0)),
+        "cum_log_probs": [[sum(out.log_probs[:end])]] if log_probs else np.zeros((1, 0)),
         "context_logits": context[None].numpy()
         if context is not None and params.return_context_logits
         else np.zeros((1, 0, 0)),
@@ -61,21 +61,21 @@ def response_tensors(seq: Sequence, first: int, end: int, finish_reason: str) ->
         if params.return_generation_logits and generation and n
         else np.zeros((1, 1, 0, 0)),
         "finish_reason": [finish_reason.encode()],
-        "prompt_tokens": [len(seq.prompt_ids)],
+        "prompt_tokens": [len(request.prompt_ids)],
         "batch_size": [t.batch_size for t in timings],
         "queue_wait_us": [t.queue_wait_us for t in timings],
-        "prefill_ms": [seq.prefill_ms],
+        "prefill_ms": [out.prefill_ms],
         "decode_ms": [t.decode_ms for t in timings],
-        "request_key": [seq.key],
-        "cached_tokens": [getattr(seq, "cached_tokens", 0)],
-        "top_log_probs": seq.top_log_probs[first:end] if k and n else np.zeros((n, 0)),
-        "top_ids": seq.top_ids[first:end] if k and n else np.zeros((n, 0)),
+        "request_key": [request.key],
+        "cached_tokens": [out.cached_tokens],
+        "top_log_probs": out.top_log_probs[first:end] if k and n else np.zeros((n, 0)),
+        "top_ids": out.top_ids[first:end] if k and n else np.zeros((n, 0)),
         "prompt_log_probs": np.zeros(0),
         "prompt_top_log_probs": np.zeros((0, 0)),
         "prompt_top_ids": np.zeros((0, 0)),
-        "stop_words_list": ids_to_list(seq.stop_words),
-        "skip_special_tokens": [seq.skip_special_tokens],
-        "include_stop_str_in_output": [seq.include_stop_str_in_output],
+        "stop_words_list": ids_to_list(request.stop_words),
+        "skip_special_tokens": [request.skip_special_tokens],
+        "include_stop_str_in_output": [request.include_stop_str_in_output],
     }
     if context is not None and params.return_prompt_log_probs:
         values.update(_prompt_log_probs(seq, context))
@@ -85,7 +85,7 @@ def response_tensors(seq: Sequence, first: int, end: int, finish_reason: str) ->
 def beam_response_tensors(seq: Sequence, beams: list, finish_reasons: list[str]) -> dict[str, np.ndarray]:
     """The final response of a beam search request: one row per beam, best first, padded to the
     longest with the end id (`sequence_length` says where each row ends). `seq` is the request's own
-    sequence: it carries the prompt, the settings and the per-step timings."""
+    sequence (its beam group's head): it carries the prompt, the settings and the per-step timings."""
     tensors = response_tensors(seq, 0, 0, "")
     width = max((len(b.tokens) for b in beams), default=0)
     pad = max(seq.params.end_id, 0)
@@ -95,9 +95,9 @@ def beam_response_tensors(seq: Sequence, beams: list, finish_reasons: list[str])
         "output_ids": rows,
         "sequence_length": [len(b.tokens) for b in beams],
         "finish_reason": [r.encode() for r in finish_reasons],
-        "batch_size": [t.batch_size for t in seq.timings],
-        "queue_wait_us": [t.queue_wait_us for t in seq.timings],
-        "decode_ms": [t.decode_ms for t in seq.timings],
+        "batch_size": [t.batch_size for t in seq.out.timings],
+        "queue_wait_us": [t.queue_wait_us for t in seq.out.timings],
+        "decode_ms": [t.decode_ms for t in seq.out.timings],
     }
     if seq.params.return_log_probs:
         values["output_log_probs"] = [log_probs]

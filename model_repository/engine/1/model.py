@@ -7,6 +7,7 @@ engine reports new tokens through a queue to the sender thread, which turns them
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -48,7 +49,7 @@ class TritonPythonModel:
         self.engine = Engine(
             self.runner,
             on_output=lambda seq, n: self.outbox.put(
-                (seq, len(seq.output_ids) - n, len(seq.output_ids), seq.finish_reason)
+                (seq, len(seq.output_ids) - n, len(seq.output_ids), seq.out.finish_reason)
             ),
             detokenizer_factory=lambda: IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False),
         )
@@ -67,15 +68,18 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             tensors = triton_glue.read_inputs(request, contract.ENGINE_INPUTS)
             try:
-                seq = parse_request(tensors, self.runner.vocab_size, self.runner.config.max_seq_len)
+                parsed = parse_request(tensors, self.runner.vocab_size, self.runner.config.max_seq_len)
             except InvalidRequest as error:
                 sender.send(
                     triton_glue.error_response(error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
                 )
                 continue
             # Stop words also match as text, so a stop string split differently across tokens still stops.
-            seq.stop_strings = [s for s in (self.tokenizer.decode(w) for w in seq.stop_words) if s]
-            seq.is_cancelled = lambda key=seq.key: key in self.cancelled
+            stop_strings = tuple(s for s in (self.tokenizer.decode(w) for w in parsed.stop_words) if s)
+            seq = Sequence(
+                dataclasses.replace(parsed, stop_strings=stop_strings),
+                is_cancelled=lambda key=parsed.key: key in self.cancelled,
+            )
             self.senders[seq.key] = sender
             wanted = set(request.requested_output_names())
             if wanted and wanted != self.all_outputs:
@@ -96,14 +100,15 @@ class TritonPythonModel:
         while (item := self.outbox.get()) is not None:
             seq, first, end, finish_reason = item
             done = bool(finish_reason)
-            if not seq.streaming and not done:
+            streaming = seq.request.streaming
+            if not streaming and not done:
                 continue
-            first = first if seq.streaming else 0
+            first = first if streaming else 0
             sender = self.senders[seq.key]
             wanted = self.wanted.pop(seq.key, None) if done else self.wanted.get(seq.key)
-            if seq.error:
+            if seq.out.error:
                 self.responses.forget(seq)
-                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(seq.error))
+                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(seq.out.error))
             else:
                 tensors = self.responses.build(seq, first, end, finish_reason, wanted)
                 response = pb_utils.InferenceResponse(

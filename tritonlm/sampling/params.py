@@ -1,0 +1,44 @@
+"""A request's sampling parameters (TensorRT-LLM's semantics; see serving/contract.py)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_k: int = 0  # 0: no limit
+    top_p: float = 0.0  # 0 (or 1): no limit
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_length: int = 0
+    no_repeat_ngram_size: int = 0
+    end_id: int = -1
+    seed: int | None = None
+    watermark: bool = False
+    embedding_bias: torch.Tensor | None = None  # [vocab]
+    bad_words: list[list[int]] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)  # single-token stop words (min_length)
+    return_log_probs: bool = False
+    num_top_log_probs: int = 0  # alternatives reported per token (needs return_log_probs)
+    return_prompt_log_probs: bool = False
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        # TensorRT-LLM's rule: top_k and top_p both 0 means greedy; so do temperature 0 and top_k 1.
+        return self.temperature == 0.0 or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0.0)
+
+    def make_generator(self, device: torch.device) -> torch.Generator | None:
+        if self.greedy:
+            return None
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self.seed if self.seed is not None else int.from_bytes(os.urandom(8), "little"))
+        return generator
