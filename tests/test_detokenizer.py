@@ -10,6 +10,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from tritonlm.text.detokenizer import HOLD_LIMIT, IncrementalDetokenizer, StopStringFilter
+from tritonlm.text.stream import TextStream, stop_texts
 
 TRAIN_TEXTS = [
     "Hello world! The quick brown fox jumps over the lazy dog.  Indented\n\tcode() { return 42; }",
@@ -289,3 +290,26 @@ def test_empty_stop_list_passes_through() -> None:
     assert f.push("anything") == "anything"
     assert f.flush() == ""
     assert StopStringFilter([""]).push("x") == "x"  # an empty stop string is ignored, not "stop now"
+
+
+# TextStream: the detokenizer and the stop filter of one sequence, as the engine and postprocessing run it.
+def test_text_stream_cuts_at_a_stop_string_spanning_tokens(tokenizer) -> None:
+    text = "one 你好 two STOP three"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    stream = TextStream(tokenizer, stop_strings=["你好 tw", "STOP"])
+    out = "".join(stream.add([i]) for i in ids) + stream.finish()
+    assert stream.stopped and stream.matched == "你好 tw"
+    assert out == tokenizer.decode(ids)[: tokenizer.decode(ids).index("你好 tw")]
+
+
+def test_text_stream_looks_for_stops_from_armed_at_on(tokenizer) -> None:
+    ids = tokenizer.encode("ab STOP cd STOP ef", add_special_tokens=False)
+    first_stop_end = next(n for n in range(len(ids) + 1) if "STOP" in tokenizer.decode(ids[:n]))
+    stream = TextStream(tokenizer, stop_strings=["STOP"], include_stop=True, armed_at=first_stop_end + 1)
+    out = "".join(stream.add([i]) for i in ids) + stream.finish()
+    assert stream.stopped and out.count("STOP") == 2 and out.endswith("STOP")
+
+
+def test_stop_texts_joins_strings_and_decoded_words(tokenizer) -> None:
+    word = tokenizer.encode(" world", add_special_tokens=False)
+    assert stop_texts(tokenizer, ["x", "", "x"], [word]) == ["x", tokenizer.decode(word)]

@@ -22,6 +22,7 @@ from tritonlm.errors import InvalidRequest
 from tritonlm.sampling.sampler import SamplerInput, SamplingParams, _filter, sample
 from tritonlm.serving import pbtxt
 from tritonlm.serving.engine_inputs import parse_request
+from tritonlm.text.tokenization import load_tokenizer
 from tritonlm.worker.model_runner import ModelRunner
 
 
@@ -34,10 +35,10 @@ def runner(model_dir) -> ModelRunner:
     return ModelRunner(EngineConfig(str(model_dir), max_num_seqs=6, max_seq_len=256))
 
 
-def run_all(runner: ModelRunner, seqs: list[Sequence], stagger: bool = False) -> Engine:
+def run_all(runner: ModelRunner, seqs: list[Sequence], stagger: bool = False, tokenizer=None) -> Engine:
     """Runs the engine loop until every sequence finished; `stagger` admits them while others run."""
     done = threading.Semaphore(0)
-    engine = Engine(runner, lambda seq, n: seq.out.finish_reason and done.release())
+    engine = Engine(runner, lambda seq, n: seq.out.finish_reason and done.release(), tokenizer=tokenizer)
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
     for i, seq in enumerate(seqs):
@@ -245,6 +246,32 @@ def test_end_id_stop_words_and_min_length(runner):
     assert (ended.output_ids, ended.out.finish_reason) == (out[:4], "end_id")
     assert (stopped.output_ids, stopped.out.finish_reason) == (out[:4], "stop_words")
     assert len(delayed.output_ids) >= 5 and out[0] not in delayed.output_ids[:5]
+
+
+def test_a_stop_string_spanning_tokens_stops_and_cuts_the_text(runner, model_dir):
+    tokenizer = load_tokenizer(str(model_dir))
+    probe = sequence([10, 11, 12], 24, SamplingParams())
+    run_all(runner, [probe])
+    out = probe.output_ids
+    # A stop string made of the end of token k's text and the start of token k + 1's.
+    for k in range(1, len(out) - 1):
+        before, after = tokenizer.decode(out[:k]), tokenizer.decode(out[: k + 1])
+        stop = before[-2:] + after[len(before) : len(before) + 2]
+        if len(before) >= 2 and len(after) >= len(before) + 2 and stop not in before:
+            break
+    else:
+        pytest.skip("no two tokens of this output have text on both sides")
+    seq = sequence([10, 11, 12], 24, SamplingParams(), stop_strings=(stop,), text_wanted=True)
+    run_all(runner, [seq], tokenizer=tokenizer)
+    assert seq.output_ids == out[: k + 1] and seq.out.finish_reason == "stop_words"
+    text = "".join(seq.out.texts) + seq.out.text_end
+    assert text == after[: after.index(stop)] and seq.text.matched == stop
+    # Before min_length a stop string does not count (nor does its text get cut).
+    late = sequence(
+        [10, 11, 12], 24, SamplingParams(min_length=k + 3), stop_strings=(stop,), text_wanted=True
+    )
+    run_all(runner, [late], tokenizer=tokenizer)
+    assert late.output_ids[: k + 3] == out[: k + 3] and len(late.output_ids) > k + 1
 
 
 def test_cancelled_sequence_leaves_within_a_step(runner):

@@ -133,9 +133,9 @@ def test_preprocess_outputs_follow_the_contract(byte_level) -> None:
     assert out["request_output_len"].tolist() == [[16]]
     assert out["out_end_id"].tolist() == [byte_level.eos_token_id]
     assert out["out_pad_id"].tolist() == [byte_level.pad_token_id]
-    assert list_to_words(out["stop_words_list"]) == [
-        byte_level.encode(w, add_special_tokens=False) for w in ["世界", "\n\n"]
-    ]
+    # Stop strings stay text (the engine looks for them in its output text); no stop token here.
+    assert out["stop_strings"].tolist() == [w.encode() for w in ["世界", "\n\n"]]
+    assert out["stop_words_list"].shape == (2, 0)
     assert list_to_words(out["bad_words_list"]) == [byte_level.encode("Hello", add_special_tokens=False)]
     texts = [t.decode() for t in out["input_token_texts"]]
     assert texts == [byte_level.decode([i]) for i in ids]
@@ -369,8 +369,8 @@ def test_stop_token_ids_ignore_eos_and_fitting_the_context(chat_tokenizer, model
     pre = Preprocessor(chat_tokenizer, max_seq_len=64, extra_eos_ids=generation_eos_ids(model_dir))
     im_end = chat_tokenizer.convert_tokens_to_ids("<|im_end|>")
     out = pre.process(_pre_inputs(stop_words=["xyz"], stop_token_ids=[7, 9, 7]))
-    xyz = chat_tokenizer.encode("xyz", add_special_tokens=False)
-    assert list_to_words(out["stop_words_list"]) == [xyz, [7], [9], [im_end]]
+    assert out["stop_strings"].tolist() == [b"xyz"]
+    assert list_to_words(out["stop_words_list"]) == [[7], [9], [im_end]]
     out = pre.process({**_pre_inputs(), "ignore_eos": np.array([True])})
     assert out["out_end_id"].tolist() == [-1]
     assert out["stop_words_list"].shape == (2, 0)
@@ -450,6 +450,7 @@ def test_engine_makes_postprocessing_text_when_asked(byte_level) -> None:
     """The engine's own text outputs (what the HTTP frontend asks for) equal what postprocessing
     makes of the same responses, and only the outputs asked for are built."""
     from tritonlm.engine.sequence import Sequence, TokenTiming
+    from tritonlm.engine.stopping import text_stream
     from tritonlm.serving.engine_inputs import parse_request
     from tritonlm.serving.engine_outputs import ResponseBuilder, response_tensors
 
@@ -461,14 +462,19 @@ def test_engine_makes_postprocessing_text_when_asked(byte_level) -> None:
         "stop_words_list": words_to_list(byte_level, ["STOP"]),
         "skip_special_tokens": np.array([False]),
     }
-    seq = Sequence(parse_request(request, len(byte_level), 512))
+    seq = Sequence(parse_request(request, len(byte_level), 512, text_wanted=True))
+    seq.text = text_stream(seq.request, byte_level)
     builder, post = ResponseBuilder(byte_level), Postprocessor(byte_level)
     wanted = ("text_output", "stop_reason", "token_texts", "token_special", "output_ids")
     engine_text = post_text = ""
     for i, token in enumerate(ids):
+        # The engine loop's part: the token, its timing and its text; at the end, the held text.
         seq.output_ids.append(token)
         seq.out.timings.append(TokenTiming(1, 0, 1.0))
+        seq.out.texts.append(seq.text.add([token]))
         finish = "end_id" if i == len(ids) - 1 else ""
+        if finish:
+            seq.out.text_end = seq.text.finish()
         out = builder.build(seq, i, i + 1, finish, wanted)
         assert set(out) == set(wanted)
         reference = post.process(response_tensors(seq, i, i + 1, finish))

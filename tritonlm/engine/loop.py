@@ -26,7 +26,7 @@ from tritonlm.engine.beam_group import BeamGroup
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.scheduler import Scheduler
 from tritonlm.engine.sequence import Sequence, Status, TokenTiming
-from tritonlm.engine.stopping import finish_reason
+from tritonlm.engine.stopping import finish_reason, text_stream
 from tritonlm.sampling.sampler import sample
 from tritonlm.worker.model_runner import ModelRunner
 
@@ -36,10 +36,10 @@ OutputCallback = Callable[[Sequence, int], None]
 
 
 class Engine:
-    def __init__(self, runner: ModelRunner, on_output: OutputCallback, detokenizer_factory=None):
+    def __init__(self, runner: ModelRunner, on_output: OutputCallback, tokenizer: object | None = None):
         self.runner = runner
         self.on_output = on_output
-        self.detokenizer_factory = detokenizer_factory  # for stop strings; None: token matching only
+        self.tokenizer = tokenizer  # for text (stop strings, text outputs); None: token ids only
         config = runner.config
         self.blocks = BlockManager(config.kv_cache_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -59,8 +59,7 @@ class Engine:
         """Queues a request; False when the waiting queue is full (the caller refuses it)."""
         request = seq.request
         seq.generator = request.params.make_generator(self.runner.device)
-        if request.stop_strings and self.detokenizer_factory is not None:
-            seq.detokenizer = self.detokenizer_factory()
+        seq.text = text_stream(request, self.tokenizer)
         runs = seq
         if request.beam_width > 1:  # the request waits for its beams, which the scheduler runs
             seq.group = BeamGroup(seq, self.runner.config.max_seq_len)
@@ -126,6 +125,8 @@ class Engine:
 
     def _retire(self, seq: Sequence, reason: str, new_tokens: int = 0) -> None:
         """Reports a finished sequence; the caller already took it out of the scheduler."""
+        if seq.text is not None:
+            seq.out.text_end = seq.text.finish()
         seq.out.finish_reason = reason
         timings = seq.out.timings
         if len(timings) > 1 and reason != "cancelled":
@@ -234,8 +235,9 @@ class Engine:
             if seq.params.num_top_log_probs:
                 out.top_ids.append(log_probs.top_ids[row])
                 out.top_log_probs.append(log_probs.top_values[row])
-        new_text = seq.detokenizer.add([token]) if seq.detokenizer is not None else ""
-        reason = finish_reason(seq, new_text, self.runner.config.max_seq_len)
+        if seq.text is not None:
+            out.texts.append(seq.text.add([token]))
+        reason = finish_reason(seq, self.runner.config.max_seq_len)
         if reason:
             self.scheduler.finish(seq)
             self._retire(seq, reason, new_tokens=1)

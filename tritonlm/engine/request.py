@@ -23,7 +23,8 @@ class Request:
     beam_width: int = 1  # > 1: a beam search (engine.beam_group)
     len_penalty: float = 1.0
     early_stopping: int = 1
-    # Detokenization settings of the text outputs.
+    # The text outputs: whether the client asked the engine for them, and how they are made.
+    text_wanted: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     key: int = field(default_factory=lambda: next(_keys))  # unique per request

@@ -17,6 +17,7 @@ import torch
 from tritonlm.engine.request import Request
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.sampling.sampler import SamplerInput
+from tritonlm.text.stream import TextStream
 
 
 class Status(enum.Enum):
@@ -47,6 +48,10 @@ class Outputs:
     # return_generation_logits: the raw logits row [vocab] each generated token was sampled from.
     prompt_logits: list[torch.Tensor] = field(default_factory=list)
     generation_logits: list[torch.Tensor] = field(default_factory=list)
+    # With a text stream (Sequence.text): the text each generated token released, and what the
+    # stream still held when the sequence finished.
+    texts: list[str] = field(default_factory=list)
+    text_end: str = ""
     cached_tokens: int = 0  # prompt tokens the prefix cache supplied at the first admission
     prefill_ms: float = 0.0  # the steps that fed the prompt, together
     finish_reason: str = ""  # "" while running; else one of contract.FINISH_REASONS, or "error"
@@ -68,8 +73,9 @@ class Sequence:
     generator: torch.Generator | None = None  # a sampling request's own random stream
     group: object | None = None  # the BeamGroup of a beam-search request and of each of its beams
     is_cancelled: Callable[[], bool] = lambda: False  # set by the Triton adapter
-    text_tail: str = ""  # recent decoded text, kept only to match stop strings across tokens
-    detokenizer: object | None = None
+    # Its text, made once on the loop thread (stop strings, text_output); None when nobody asked
+    # for text or stop strings.
+    text: TextStream | None = None
     last_event: float = 0.0  # end of the step that produced the previous token (or arrival)
 
     def __post_init__(self) -> None:

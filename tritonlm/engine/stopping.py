@@ -1,12 +1,33 @@
-"""When a sequence is done: the finish reason after its newest token, or "" to go on."""
+"""When a sequence is done: the finish reason after its newest token, or "" to go on; and the
+text stream that finds its stop strings (and makes its text)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from tritonlm.engine.request import Request
 from tritonlm.engine.sequence import Sequence
+from tritonlm.text.stream import TextStream, stop_texts
 
 
-def finish_reason(seq: Sequence, new_text: str, max_seq_len: int) -> str:
-    """`new_text`: the text the newest token completed, for stop strings (see Sequence.detokenizer)."""
+def text_stream(request: Request, tokenizer: Any) -> TextStream | None:
+    """A sequence's text stream, when it needs one: it has stop strings (or stop words, also looked
+    for as text) or its client wants text. Beam search makes its texts at the end instead."""
+    if tokenizer is None or request.beam_width > 1:
+        return None
+    stops = stop_texts(tokenizer, request.stop_strings, request.stop_words)
+    if not stops and not request.text_wanted:
+        return None
+    return TextStream(
+        tokenizer,
+        request.skip_special_tokens,
+        stops,
+        request.include_stop_str_in_output,
+        armed_at=request.params.min_length,  # stop words count from min_length on
+    )
+
+
+def finish_reason(seq: Sequence, max_seq_len: int) -> str:
     request, output = seq.request, seq.output_ids
     params = request.params
     if output[-1] == params.end_id:  # the sampler bans end_id before min_length
@@ -16,12 +37,8 @@ def finish_reason(seq: Sequence, new_text: str, max_seq_len: int) -> str:
     for word in request.stop_words:
         if tuple(output[-len(word) :]) == word:
             return "stop_words"
-    if request.stop_strings and new_text:
-        # A stop string may straddle tokens: search the tail that could still contain a new match.
-        longest = max(len(s) for s in request.stop_strings)
-        seq.text_tail = (seq.text_tail + new_text)[-(longest + len(new_text)) :]
-        if any(s in seq.text_tail for s in request.stop_strings):
-            return "stop_words"
+    if seq.text is not None and seq.text.stopped:  # a stop string, possibly spanning tokens
+        return "stop_words"
     return _length_reason(seq, max_seq_len)
 
 

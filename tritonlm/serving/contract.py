@@ -69,6 +69,9 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     Tensor("embedding_bias", "FP32", (1, -1)),
     Tensor("bad_words_list", "INT32", (2, -1)),
     Tensor("stop_words_list", "INT32", (2, -1)),
+    # Extension: texts that end the generation, looked for in the output text across tokens (the
+    # HTTP APIs' `stop`; stop_words_list's words are looked for as text too).
+    Tensor("stop_strings", "BYTES", (-1,)),
     Tensor("prompt_embedding_table", "FP16", (-1, -1)),
     _scalar("prompt_vocab_size", "INT32"),
     _scalar("lora_task_id", "UINT64"),
@@ -145,6 +148,7 @@ ENGINE_OUTPUTS: tuple[Tensor, ...] = (
     # model, so this is how postprocessing learns which stop strings to cut and hold back, and how
     # to detokenize.
     Tensor("stop_words_list", "INT32", (2, -1)),
+    Tensor("stop_strings", "BYTES", (-1,)),
     Tensor("skip_special_tokens", "BOOL", (1,)),
     Tensor("include_stop_str_in_output", "BOOL", (1,)),
     *TEXT_OUTPUTS,
@@ -180,7 +184,8 @@ PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("input_lengths", "INT32", (1,)),
     Tensor("request_output_len", "INT32", (1, 1)),
     Tensor("bad_words_list", "INT32", (2, -1)),
-    Tensor("stop_words_list", "INT32", (2, -1)),
+    Tensor("stop_words_list", "INT32", (2, -1)),  # stop_token_ids and the extra EOS ids, one each
+    Tensor("stop_strings", "BYTES", (-1,)),  # the stop_words, as text
     Tensor("out_end_id", "INT32", (1,)),
     Tensor("out_pad_id", "INT32", (1,)),
     # Not an engine input: read by clients that call preprocessing directly (TGI's prefill details).
@@ -211,6 +216,7 @@ PASSTHROUGH: tuple[str, ...] = (
 ENGINE_ECHOES: tuple[str, ...] = (
     "request_key",
     "stop_words_list",
+    "stop_strings",
     "skip_special_tokens",
     "include_stop_str_in_output",
 )
@@ -224,6 +230,7 @@ POSTPROCESSING_INPUTS: tuple[Tensor, ...] = (
     ),
     Tensor("request_key", "UINT64", (1,), optional=False),
     Tensor("stop_words_list", "INT32", (2, -1), optional=False),
+    Tensor("stop_strings", "BYTES", (-1,)),
     _scalar("skip_special_tokens", "BOOL", True),
     _scalar("include_stop_str_in_output", "BOOL", False),
 )

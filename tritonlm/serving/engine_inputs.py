@@ -11,6 +11,7 @@ from tritonlm.engine.request import Request
 from tritonlm.errors import InvalidRequest
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.serving import contract
+from tritonlm.text.preprocess import strings
 from tritonlm.text.tokenization import list_to_words
 
 _INPUTS = contract.by_name(contract.ENGINE_INPUTS)
@@ -46,7 +47,10 @@ def parse_word_list(tensors: dict[str, np.ndarray], name: str, vocab_size: int) 
     return words
 
 
-def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: int) -> Request:
+def parse_request(
+    tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: int, text_wanted: bool = False
+) -> Request:
+    """`text_wanted`: the client asked for text outputs (the engine then makes them as it goes)."""
     unimplemented = [n for n in contract.ENGINE_UNIMPLEMENTED if n in tensors]
     _check(not unimplemented, f"{', '.join(unimplemented)}: not supported by this engine yet")
     beam_width = _scalar(tensors, "beam_width")
@@ -111,6 +115,7 @@ def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: 
     len_penalty = number("len_penalty", -math.inf, math.inf)
     early_stopping = int(_scalar(tensors, "early_stopping"))
     stop_words = parse_word_list(tensors, "stop_words_list", vocab_size)
+    stop_strings = strings(tensors, "stop_strings")
     params.stop_token_ids = [w[0] for w in stop_words if len(w) == 1]
     if beam_width > 1:  # what beam search cannot honour is refused, never ignored
         _check(params.greedy, "beam_width: beam search is deterministic; leave temperature/top_k/top_p unset")
@@ -121,6 +126,7 @@ def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: 
             "stop_words_list: beam search supports single-token stop words only",
         )
         _check(not params.watermark, "watermark: not available with beam search")
+        _check(not stop_strings, "stop_strings: beam search stops on single-token stop words only")
     if "pad_id" in tensors:  # packed batches never pad; still, a bad id is the client's mistake
         number("pad_id", 0, vocab_size - 1)
     if "embedding_bias" in tensors:
@@ -133,9 +139,11 @@ def parse_request(tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: 
         params=params,
         streaming=streaming,
         stop_words=tuple(tuple(w) for w in stop_words),
+        stop_strings=tuple(dict.fromkeys(stop_strings)),
         beam_width=beam_width,
         len_penalty=len_penalty,
         early_stopping=early_stopping,
+        text_wanted=text_wanted,
         skip_special_tokens=bool(_scalar(tensors, "skip_special_tokens")),
         include_stop_str_in_output=bool(_scalar(tensors, "include_stop_str_in_output")),
     )

@@ -74,6 +74,7 @@ def response_tensors(seq: Sequence, first: int, end: int, finish_reason: str) ->
         "prompt_top_log_probs": np.zeros((0, 0)),
         "prompt_top_ids": np.zeros((0, 0)),
         "stop_words_list": ids_to_list(request.stop_words),
+        "stop_strings": [t.encode("utf-8") for t in request.stop_strings],
         "skip_special_tokens": [request.skip_special_tokens],
         "include_stop_str_in_output": [request.include_stop_str_in_output],
     }
@@ -113,10 +114,15 @@ def beam_response_tensors(seq: Sequence, beams: list, finish_reasons: list[str])
     return tensors
 
 
+_STREAM_TEXTS = frozenset({"text_output", "stop_reason"})
+
+
 class ResponseBuilder:
-    """A response's tensors, only those its client asked for. The text outputs
-    (contract.TEXT_OUTPUTS) come from postprocessing's own logic, run here when asked for: a client
-    that takes text from the engine saves a round trip to postprocessing per response."""
+    """A response's tensors, only those its client asked for. A client that takes text from the
+    engine (contract.TEXT_OUTPUTS) saves a round trip to postprocessing per response: `text_output`
+    and `stop_reason` come from the sequence's own TextStream (made on the engine loop, which also
+    decided the stop strings with it), the per-token texts from postprocessing's stateless helpers,
+    and a beam search's texts from postprocessing itself, once, at the end."""
 
     def __init__(self, tokenizer: object) -> None:
         self.text = Postprocessor(tokenizer)
@@ -126,15 +132,29 @@ class ResponseBuilder:
     ) -> dict[str, np.ndarray]:
         """`wanted`: the output names the client asked for; None: all of them."""
         group = seq.group
+        texts = TEXT_NAMES if wanted is None else TEXT_NAMES.intersection(wanted)
         if group is not None and group.results:
             tensors = beam_response_tensors(seq, group.results, group.finish_reasons())
+            tensors.update(self.text.texts(tensors, texts))
         else:
             tensors = response_tensors(seq, first, end, finish_reason)
-        texts = TEXT_NAMES if wanted is None else TEXT_NAMES.intersection(wanted)
-        if texts:
-            tensors.update(self.text.texts(tensors, texts))
+            if texts - _STREAM_TEXTS:
+                tensors.update(self.text.texts(tensors, texts - _STREAM_TEXTS))
+            if texts & _STREAM_TEXTS:
+                tensors.update(_stream_texts(seq, first, end, finish_reason))
         return tensors if wanted is None else {name: tensors[name] for name in wanted if name in tensors}
 
     def forget(self, seq: Sequence) -> None:
         """The request ended without a final response (an error): drop its text state."""
         self.text.forget(seq.key)
+
+
+def _stream_texts(seq: Sequence, first: int, end: int, finish_reason: str) -> dict[str, np.ndarray]:
+    """`text_output` and `stop_reason` of tokens [first, end) from the sequence's text stream."""
+    out = seq.out
+    text = "".join(out.texts[first:end]) + (out.text_end if finish_reason else "")
+    matched = seq.text.matched if seq.text is not None and finish_reason else ""
+    return {
+        "text_output": np.asarray([text.encode("utf-8")], dtype=_DTYPES["text_output"]),
+        "stop_reason": np.asarray([matched.encode("utf-8")], dtype=_DTYPES["stop_reason"]),
+    }

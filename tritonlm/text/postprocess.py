@@ -2,11 +2,12 @@
 
 The responses of one streaming request reach postprocessing as successive requests, in order, all
 carrying the engine's `request_key`; the text of each depends on the tokens before it, so the
-detokenizer and stop-string state live here between calls, until the response with a finish reason.
-How to detokenize (`skip_special_tokens`) and whether a matched stop string stays in the text
-(`include_stop_str_in_output`) are request settings the engine echoes, like the stop words.
+text state (a `tritonlm.text.stream.TextStream` per beam) lives here between calls, until the
+response with a finish reason. How to detokenize (`skip_special_tokens`), whether a matched stop
+string stays in the text (`include_stop_str_in_output`) and the stop strings themselves are request
+settings the engine echoes.
 
-The engine runs the same `Postprocessor.texts` in its sender for clients that ask it for text
+The engine makes the same text itself, with the same TextStream, for clients that ask it for text
 (`tritonlm.serving.engine_outputs.ResponseBuilder`), so both paths give the same text.
 """
 
@@ -21,8 +22,8 @@ import numpy as np
 
 from tritonlm.errors import InvalidRequest
 from tritonlm.serving import contract
-from tritonlm.text.detokenizer import IncrementalDetokenizer, StopStringFilter
 from tritonlm.text.preprocess import scalar, strings
+from tritonlm.text.stream import TextStream, stop_texts
 from tritonlm.text.tokenization import list_to_words, special_ids, token_texts
 
 _OUT = contract.by_name(contract.POSTPROCESSING_OUTPUTS)
@@ -37,30 +38,23 @@ def _array(name: str, value: Any) -> np.ndarray:
 
 @dataclass
 class _Stream:
-    """One request's text state: a detokenizer and a stop filter per beam."""
+    """One request's text state: a TextStream per beam."""
 
     skip_special_tokens: bool
     stop_strings: list[str]
     include_stop: bool
-    detokenizers: list[IncrementalDetokenizer] = field(default_factory=list)
-    filters: list[StopStringFilter] = field(default_factory=list)
+    beams: list[TextStream] = field(default_factory=list)
 
     def step(self, tokenizer: Any, beam: int, ids: list[int], final: bool) -> str:
-        self._grow(tokenizer, beam)
-        detok, stop = self.detokenizers[beam], self.filters[beam]
-        text = detok.add(ids)
-        if final:
-            text += detok.flush()
-        text = stop.push(text)
-        return text + stop.flush() if final else text
+        while len(self.beams) <= beam:
+            self.beams.append(
+                TextStream(tokenizer, self.skip_special_tokens, self.stop_strings, self.include_stop)
+            )
+        text = self.beams[beam].add(ids)
+        return text + self.beams[beam].finish() if final else text
 
     def stop_reason(self, beam: int) -> str:
-        return self.filters[beam].matched if beam < len(self.filters) else ""
-
-    def _grow(self, tokenizer: Any, beam: int) -> None:
-        while len(self.detokenizers) <= beam:
-            self.detokenizers.append(IncrementalDetokenizer(tokenizer, self.skip_special_tokens))
-            self.filters.append(StopStringFilter(self.stop_strings, self.include_stop))
+        return self.beams[beam].matched if beam < len(self.beams) else ""
 
 
 class Postprocessor:
@@ -174,7 +168,7 @@ class Postprocessor:
         include = scalar(inputs, "include_stop_str_in_output")
         stream = _Stream(
             skip_special_tokens=True if skip is None else bool(skip),
-            stop_strings=[s for s in (self.tokenizer.decode(w) for w in words) if s],
+            stop_strings=stop_texts(self.tokenizer, strings(inputs, "stop_strings"), words),
             include_stop=self.include_stop if include is None else bool(include),
         )
         self._streams[key] = stream

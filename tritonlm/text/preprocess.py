@@ -1,8 +1,9 @@
 """Preprocessing, Triton-free: one request's text inputs -> the engine's token inputs (numpy in and out).
 
-A prompt is `text_input`, or `chat_messages` rendered with the tokenizer's chat template. Stop words
-are the `stop_words` strings, the `stop_token_ids`, and, unless `ignore_eos`, the extra EOS ids of
-generation_config.json (a chat model's end-of-turn token), each as a one-token word.
+A prompt is `text_input`, or `chat_messages` rendered with the tokenizer's chat template. The
+`stop_words` strings stay text (`stop_strings`: the engine looks for them in the output text); the
+`stop_token_ids` and, unless `ignore_eos`, the extra EOS ids of generation_config.json (a chat
+model's end-of-turn token) become one-token words of `stop_words_list`.
 """
 
 from __future__ import annotations
@@ -145,13 +146,9 @@ class Preprocessor:
         ignore_eos = bool(scalar(inputs, "ignore_eos"))
         ids, max_tokens = self._fit(ids, max_tokens, bool(scalar(inputs, "truncate_to_fit")))
 
-        stop_words = [
-            self.tokenizer.encode(w, add_special_tokens=False) for w in strings(inputs, "stop_words")
-        ]
         stop_ids = self._stop_token_ids(inputs)
         if not ignore_eos:
             stop_ids += [i for i in self.extra_eos_ids if i not in stop_ids]
-        stop_words = [w for w in stop_words if w] + [[i] for i in stop_ids]
         if ignore_eos:
             end_id = -1
         elif end_id is None:
@@ -161,7 +158,10 @@ class Preprocessor:
             "input_lengths": _array("input_lengths", [len(ids)]),
             "request_output_len": _array("request_output_len", [[max_tokens]]),
             "bad_words_list": words_to_list(self.tokenizer, strings(inputs, "bad_words")),
-            "stop_words_list": ids_to_list(stop_words),
+            "stop_words_list": ids_to_list([[i] for i in stop_ids]),
+            "stop_strings": _array(
+                "stop_strings", [w.encode("utf-8") for w in strings(inputs, "stop_words")]
+            ),
             "out_end_id": _array("out_end_id", [end_id]),
             "out_pad_id": _array("out_pad_id", [self.default_pad_id if pad_id is None else pad_id]),
             "input_token_texts": _array(
