@@ -19,7 +19,13 @@ from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.sequence import Sequence
 from tritonlm.errors import InvalidRequest
-from tritonlm.sampling.sampler import SamplerInput, SamplingParams, _filter, sample
+from tritonlm.sampling.logits_processors import (
+    LogitsPipeline,
+    NoRepeatNGram,
+    PresenceFrequencyPenalty,
+    RepetitionPenalty,
+)
+from tritonlm.sampling.sampler import SamplerInput, SamplingParams, filter_logits, sample
 from tritonlm.serving import pbtxt
 from tritonlm.serving.engine_inputs import parse_request
 from tritonlm.text.tokenization import load_tokenizer
@@ -341,7 +347,7 @@ def test_seeded_sampling_is_reproducible_and_row_independent():
 def test_top_k_and_top_p_keep_the_right_tokens():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
     batch = [sampler_input(SamplingParams(top_k=2, top_p=1.0)), sampler_input(SamplingParams(top_p=0.79))]
-    kept = torch.isfinite(_filter(logits.clone(), batch))
+    kept = torch.isfinite(filter_logits(logits.clone(), batch))
     assert kept.tolist() == [[True, True, False, False], [True, True, False, False]]
 
 
@@ -354,16 +360,13 @@ def test_penalties_and_typical_p_match_transformers():
         ids, RepetitionPenaltyLogitsProcessor(1.3)(ids, logits.clone())
     )
     got = logits.clone()
-    from tritonlm.sampling.sampler import _apply_penalties, _banned_tokens
-
     s = sampler_input(params, prompt=tokens[:2], output=tokens[2:])
-    _apply_penalties(got, [s])
-    got[0, _banned_tokens(s)] = float("-inf")
+    LogitsPipeline([RepetitionPenalty(), NoRepeatNGram()])(got, [s])
     assert torch.equal(torch.isinf(got), torch.isinf(expected))
     assert torch.allclose(got[torch.isfinite(got)], expected[torch.isfinite(expected)])
 
     warped = TypicalLogitsWarper(0.5)(ids, logits.clone())
-    mine = _filter(logits.clone(), [sampler_input(SamplingParams(typical_p=0.5, top_p=1.0))])
+    mine = filter_logits(logits.clone(), [sampler_input(SamplingParams(typical_p=0.5, top_p=1.0))])
     assert torch.equal(torch.isfinite(mine), torch.isfinite(warped))
 
 
@@ -372,9 +375,7 @@ def test_presence_and_frequency_penalties():
     s = sampler_input(
         SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), prompt=[1], output=[3, 3, 4]
     )
-    from tritonlm.sampling.sampler import _apply_penalties
-
-    _apply_penalties(logits, [s])
+    LogitsPipeline([PresenceFrequencyPenalty()])(logits, [s])
     assert logits[0, 3].item() == pytest.approx(-1.0) and logits[0, 4].item() == pytest.approx(-0.75)
     assert logits[0, 1].item() == 0.0  # the prompt is not penalised (OpenAI's rule)
 

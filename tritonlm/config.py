@@ -14,6 +14,7 @@ No torch at import time: the launcher and preprocessing import this module.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -86,6 +87,20 @@ class EngineConfig:
         256,
         "256",
         "requests waiting beyond the free running places; past it, 429 with `Retry-After` (0: no bound)",
+    )
+    watermark_gamma: float = _setting(
+        0.5,
+        "0.5",
+        "share of the vocabulary in the green list of a request with `watermark` (TGI's; in (0, 1]); "
+        "`WATERMARK_GAMMA` env is the old name",
+        aliases=("WATERMARK_GAMMA",),
+    )
+    watermark_delta: float = _setting(
+        2.0,
+        "2.0",
+        "added to the green list's logits of a request with `watermark` (>= 0); `WATERMARK_DELTA` env "
+        "is the old name",
+        aliases=("WATERMARK_DELTA",),
     )
 
     def __post_init__(self) -> None:
@@ -181,6 +196,12 @@ class EngineConfig:
         for name in ("kv_cache_blocks", "max_queue_size"):
             need(getattr(self, name) >= 0, name, ">= 0")
         need(0.0 <= self.kv_cache_memory_fraction <= 1.0, "kv_cache_memory_fraction", "in [0, 1]")
+        need(0.0 < self.watermark_gamma <= 1.0, "watermark_gamma", "in (0, 1]")
+        need(
+            math.isfinite(self.watermark_delta) and self.watermark_delta >= 0.0,
+            "watermark_delta",
+            "finite and >= 0",
+        )
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "

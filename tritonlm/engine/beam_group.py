@@ -16,7 +16,7 @@ import torch
 from tritonlm.engine.scheduler import Scheduler
 from tritonlm.engine.sequence import Sequence, Status, TokenTiming
 from tritonlm.sampling.beam_search import Beam, BeamSearch, early_stopping_mode
-from tritonlm.sampling.sampler import process_logits
+from tritonlm.sampling.logits_processors import LogitsPipeline
 
 
 class BeamGroup:
@@ -48,11 +48,13 @@ class BeamGroup:
         beam.status = Status.AWAITING_BEAMS
         return all(id(b) in self.pending for b in self.beams)
 
-    def advance(self, scheduler: Scheduler, batch_size: int, start: float, end: float) -> bool:
+    def advance(
+        self, scheduler: Scheduler, processors: LogitsPipeline, batch_size: int, start: float, end: float
+    ) -> bool:
         """One beam-search step over the reported logits; True when the search is done (every beam
         has left the scheduler and `results` holds the best, best first)."""
         logits = torch.stack([self.pending.pop(id(b)) for b in self.beams]).float()
-        log_probs = process_logits(logits.log_softmax(dim=-1), [b.sampler_input() for b in self.beams])
+        log_probs = processors(logits.log_softmax(dim=-1), [b.sampler_input() for b in self.beams])
         moves = self.search.step(log_probs)
         head = self.head
         head.out.timings.append(

@@ -27,6 +27,7 @@ from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.scheduler import Scheduler
 from tritonlm.engine.sequence import Sequence, Status, TokenTiming
 from tritonlm.engine.stopping import finish_reason, text_stream
+from tritonlm.sampling.logits_processors import default_pipeline
 from tritonlm.sampling.sampler import sample
 from tritonlm.worker.model_runner import ModelRunner
 
@@ -45,6 +46,7 @@ class Engine:
         self.scheduler = Scheduler(
             self.blocks, config.max_num_seqs, config.max_num_batched_tokens, config.max_queue_size
         )
+        self.logits_processors = default_pipeline(config)
         self.wakeup = threading.Condition()  # guards the scheduler's waiting queue
         self.stopped = False
         self.steps = 0
@@ -177,7 +179,7 @@ class Engine:
         plain = [i for i, s in enumerate(sampled) if s.group is None]
         logits = out.logits[plain] if len(plain) < len(sampled) else out.logits
         inputs = [sampled[i].sampler_input() for i in plain]
-        tokens, log_probs = sample(logits, inputs) if plain else ([], None)
+        tokens, log_probs = sample(logits, inputs, self.logits_processors) if plain else ([], None)
         end = time.perf_counter()
 
         self.steps += 1
@@ -204,7 +206,7 @@ class Engine:
         if not head.out.timings:
             self.latencies.append(("ttft", end - head.request.arrival))
         self.tokens_generated += len(group.beams)
-        if group.advance(self.scheduler, batch_size, start, end):
+        if group.advance(self.scheduler, self.logits_processors, batch_size, start, end):
             reasons = group.finish_reasons()
             head.status = Status.FINISHED
             self._retire(head, reasons[0] if reasons else "length")

@@ -1,4 +1,5 @@
-"""A request's sampling parameters (TensorRT-LLM's semantics; see serving/contract.py)."""
+"""A request's sampling parameters (TensorRT-LLM's semantics; see serving/contract.py), and what the
+sampler and the logits processors see of one running sequence."""
 
 from __future__ import annotations
 
@@ -42,3 +43,17 @@ class SamplingParams:
         generator = torch.Generator(device=device)
         generator.manual_seed(self.seed if self.seed is not None else int.from_bytes(os.urandom(8), "little"))
         return generator
+
+
+@dataclass
+class SamplerInput:
+    """What the sampler needs from one running sequence."""
+
+    params: SamplingParams
+    prompt_ids: tuple[int, ...]
+    output_ids: list[int]
+    generator: torch.Generator | None
+
+    @property
+    def tokens(self) -> list[int]:
+        return [*self.prompt_ids, *self.output_ids]
