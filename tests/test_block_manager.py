@@ -1,11 +1,14 @@
-"""BlockManager: allocation, freeing, reference counts, prefix hashing and reuse, fork + copy-on-write."""
+"""BlockManager: allocation, freeing, reference counts, prefix hashing and reuse, fork + copy-on-write,
+rollback of rejected proposals, embedding rows in prefix keys."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 from engine_helpers import sequence
 
 from tritonlm.engine.block_manager import BlockManager
+from tritonlm.engine.request import PromptEmbeds
 from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.sampler import SamplingParams
 
@@ -182,3 +185,68 @@ def test_release_more_often_than_taken_is_caught():
     bm = BlockManager(2, 4)
     with pytest.raises(AssertionError):
         bm._release(0)
+
+
+def test_rollback_gives_back_exactly_the_slots_of_rejected_tokens():
+    bm = BlockManager(8, 4)
+    s = seq(range(6))
+    admit(bm, s)
+    s.output_ids.append(40)  # pending at position 6
+    before = bm.stats()
+    table = list(s.block_table)
+    s.spec_tokens = [41, 42, 43, 44, 45]
+    bm.append_slots(s, 6)  # positions 6..11: a third block
+    s.num_computed += 6
+    assert bm.stats().blocks_used == before.blocks_used + 1
+    s.output_ids.append(50)  # every proposal rejected; the model's own token instead
+    bm.rollback(s, 5)
+    assert s.num_computed == 7 and s.spec_tokens == [] and s.block_table == table
+    assert bm.stats() == before
+    freed = [b for b in range(8) if b not in table]
+    assert all(bm.ref_count[b] == 0 and bm.block_key[b] is None for b in freed)
+    bm.free(s)
+    assert bm.num_free == 8 and all(r == 0 for r in bm.ref_count)
+
+
+def test_rollback_with_everything_accepted_keeps_the_slots():
+    bm = BlockManager(8, 4)
+    s = seq(range(3))
+    admit(bm, s)
+    s.output_ids.append(40)
+    s.spec_tokens = [41, 42]
+    bm.append_slots(s, 3)
+    s.num_computed += 3
+    s.output_ids.extend([41, 42, 43])
+    bm.rollback(s, 0)
+    assert s.num_computed == 6 and s.num_tokens == 7 and len(s.block_table) == 2 and s.spec_tokens == []
+
+
+def test_proposals_are_never_registered_and_rollback_stays_out_of_cached_blocks():
+    bm = BlockManager(8, 4)
+    s = seq(range(6))
+    admit(bm, s)
+    s.output_ids.append(40)
+    s.spec_tokens = [41, 42, 43, 44, 45]
+    bm.append_slots(s, 6)
+    bm.cache_full_blocks(s, 12)  # capped at the 7 verified tokens: block 0 only
+    assert len(bm.cached) == 1 and len(s.block_hashes) == 1
+    s.num_computed += 6
+    with pytest.raises(AssertionError):
+        bm.rollback(s, 9)  # would reopen block 0, which others may read from the prefix cache
+
+
+def test_embedding_rows_key_their_blocks_by_content():
+    rows = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    placeholders = [0, 1, 2, 0, 0, 0, 6, 7, 8]  # positions 3..5 carry rows
+
+    def with_rows(r):
+        return sequence(placeholders, 4, SamplingParams(), prompt_embeds=PromptEmbeds.of([3, 4, 5], r))
+
+    bm = BlockManager(16, 4)
+    admit(bm, with_rows(rows))
+    assert admit(bm, with_rows(rows.clone())) == 8  # same rows: both full blocks shared
+    assert admit(bm, with_rows(rows + 1)) == 0  # other rows, same placeholder ids: block 0 differs
+    other = rows.clone()
+    other[2] += 1  # only position 5 (block 1) differs
+    assert admit(bm, with_rows(other)) == 4
+    assert admit(bm, seq(placeholders)) == 0  # the bare placeholder ids are no match either

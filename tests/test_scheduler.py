@@ -1,4 +1,5 @@
-"""Scheduler without a model: token budget, chunked prefill, admission, preemption order, queue bound."""
+"""Scheduler without a model: token budget, chunked prefill, admission, preemption order, queue bound,
+decodes with proposals."""
 
 from __future__ import annotations
 
@@ -187,3 +188,85 @@ def test_same_step_admissions_share_a_prefix_being_computed():
     batch = run_step(s)
     assert batch.num_new == [13, 1] and b.out.cached_tokens == 12
     assert b.block_table[:3] == a.block_table[:3]
+
+
+def feed(batch: Batch) -> None:
+    """The forward's part: every scheduled token is computed."""
+    for q, n in zip(batch.seqs, batch.num_new, strict=True):
+        q.num_computed += n
+
+
+def test_a_decode_feeds_its_proposals_all_or_waits_for_room():
+    s = make(budget=6)
+    a, b = seq(3), seq(3, start=100)
+    s.add(a)
+    s.add(b)
+    run_step(s)  # both prompts, one token each: both decoding
+    b.spec_tokens = [1, 2, 3, 4]
+    batch = s.schedule()
+    assert batch.seqs == [a, b] and batch.num_new == [1, 5]
+    assert batch.sample == [True, True] and batch.num_logits == [1, 5]
+    assert len(b.block_table) == 2  # positions 3..7 of 4-token blocks
+    feed(batch)
+    # Verified: b's first two proposals kept, then its own token; the other two given back.
+    a.output_ids.append(5)
+    b.output_ids.extend([1, 2, 9])
+    s.blocks.rollback(b, 2)
+    assert b.num_computed == 6 and b.num_tokens == 7 and b.spec_tokens == []
+    a.spec_tokens = [6, 7]
+    b.spec_tokens = [1, 2, 3, 4]
+    batch = s.schedule()
+    # a takes 3 of the 6; b's 5 do not fit the 3 left, so none of them go: it waits, proposals kept.
+    assert batch.seqs == [a] and batch.num_new == [3]
+    assert b.spec_tokens == [1, 2, 3, 4] and b.num_computed == 6 and len(b.block_table) == 2
+
+
+def test_proposals_that_could_never_fit_a_step_are_dropped():
+    s = make(budget=4)
+    a = seq(3)
+    s.add(a)
+    run_step(s)
+    a.spec_tokens = [1, 2, 3, 4]  # 5 tokens with the pending one: over any step's budget
+    batch = s.schedule()
+    assert batch.num_new == [1] and a.spec_tokens == []
+
+
+def test_proposals_that_do_not_fit_the_free_blocks_never_preempt():
+    s = make(num_blocks=2, block_size=4)
+    a, b = seq(3), seq(3, start=100)
+    s.add(a)
+    s.add(b)
+    run_step(s)  # one block each: the pool is full; each feeds position 3 next, in its block
+    a.spec_tokens = [1, 2]  # positions 4 and 5 would need a third block
+    batch = s.schedule()
+    assert batch.seqs == [a, b] and batch.num_new == [1, 1] and not batch.preempted
+    assert a.spec_tokens == []
+
+
+def test_a_preempted_sequence_drops_its_proposals():
+    s = make(num_blocks=4, block_size=4)
+    a, b = seq(8), seq(6, start=100)
+    s.add(a)
+    s.add(b)
+    run_step(s)  # two blocks each; a's next token needs a third
+    b.spec_tokens = [1]
+    batch = s.schedule()
+    assert batch.preempted == [b] and b.spec_tokens == [] and list(s.waiting) == [b]
+
+
+def test_prefix_blocks_are_registered_up_to_verified_tokens_only():
+    s = make(num_blocks=16, block_size=4)
+    a = seq(6)
+    s.add(a)
+    run_step(s)  # prompt: block 0 full and registered; one output token, pending at position 6
+    a.spec_tokens = [7, 8, 9, 10, 11]  # positions 7..11: block 1 would end with a proposal
+    feed(s.schedule())
+    assert len(a.block_hashes) == 1 and len(s.blocks.cached) == 1
+    a.output_ids.extend([7, 99])  # the first proposal accepted, then the model's own token
+    s.blocks.rollback(a, 4)
+    assert a.num_computed == 8 and len(a.block_table) == 2
+    s.schedule()  # block 1 (positions 4..7) is verified now: registered with the next step
+    assert len(a.block_hashes) == 2 and len(s.blocks.cached) == 2
+    twin = seq(6)
+    twin.output_ids.extend([a.output_ids[0], 7, 99])
+    assert s.blocks.lookup(twin) == a.block_table[:2]

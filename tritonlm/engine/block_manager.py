@@ -9,13 +9,19 @@ under a key made of its tokens and the hash of the blocks before it, so the key 
 prefix. A later sequence whose prompt starts with the same tokens takes those blocks (reference
 count + 1) instead of computing them again. A block nobody uses any more keeps its key and stays
 reusable until a fresh block is needed and none is free: then the least recently released one is
-evicted (its key dropped).
+evicted (its key dropped). A prompt position fed an embedding row instead of a token
+(`Request.prompt_embeds`) is keyed by the row's content key, never by its placeholder id: same rows
+share blocks, different rows do not. Only verified tokens (prompt + output) are ever registered,
+never a step's proposed `spec_tokens`.
 
 Blocks are shared by reference count: through the prefix cache, and through `fork` (a child
 sequence starts with its parent's table, e.g. beams of a beam search). A sequence never writes into
 a block others use, except the partially filled last block of a fork: `append_slots` then gives it a
 private copy (copy-on-write) and queues the (source, destination) pair in `pending_copies`; the
 model runner copies the keys/values before the next forward writes anything.
+
+`rollback` gives back the slots of a sequence's last fed tokens (rejected proposals): the blocks
+it no longer needs are released; it never reaches into a block registered in the prefix cache.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ from dataclasses import dataclass
 
 from tritonlm.engine.sequence import Sequence
 
-# Key of a full block: (hash of the previous block's key, or -1 for the first block; its tokens).
-BlockKey = tuple[int, tuple[int, ...]]
+# Key of a full block: (hash of the previous block's key, or -1 for the first block; its tokens,
+# with an embedding row's content key (bytes) in place of its placeholder id).
+BlockKey = tuple[int, tuple[int | bytes, ...]]
 
 
 @dataclass
@@ -135,9 +142,11 @@ class BlockManager:
     def cache_full_blocks(self, seq: Sequence, upto: int) -> None:
         """Registers `seq`'s full blocks within its first `upto` tokens in the prefix cache. Called
         when a step is scheduled: the step writes every token's keys/values before any attention
-        reads them, so a sequence scheduled later in the same step may already reuse them."""
+        reads them, so a sequence scheduled later in the same step may already reuse them. Blocks
+        past its verified tokens (holding proposals) wait until those are accepted."""
         if not self.enable_prefix_caching:
             return
+        upto = min(upto, seq.num_tokens)
         for i in range(len(seq.block_hashes), upto // self.block_size):
             key = self._key(seq, i, seq.block_hashes[i - 1] if i else -1)
             seq.block_hashes.append(hash(key))
@@ -152,6 +161,22 @@ class BlockManager:
             self._release(block)
         seq.block_table = []
         seq.num_computed = 0
+
+    def rollback(self, seq: Sequence, num_tokens: int) -> None:
+        """Settles a step's proposals: drops the slots of `seq`'s last `num_tokens` fed tokens (the
+        rejected ones; 0 when all were accepted), so `num_computed` goes back by that much and
+        blocks no longer needed are released, and clears `seq.spec_tokens`. The accepted tokens
+        must already be in `seq.output_ids`."""
+        keep = seq.num_computed - num_tokens
+        assert 0 <= num_tokens <= seq.num_computed, f"cannot roll {num_tokens} tokens back"
+        # Registered (or cache-hit) blocks are shared, read-only prefixes: positions after `keep`
+        # will be written again, so none of them may lie in such a block.
+        assert keep >= len(seq.block_hashes) * self.block_size, "rollback into a prefix-cached block"
+        needed = -(-keep // self.block_size)
+        while len(seq.block_table) > needed:
+            self._release(seq.block_table.pop())
+        seq.num_computed = keep
+        seq.spec_tokens.clear()
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """The child shares every block of the parent (reference counts + 1) and continues from the
@@ -180,7 +205,11 @@ class BlockManager:
     # -- internals -----------------------------------------------------------------------------
     def _key(self, seq: Sequence, i: int, parent: int) -> BlockKey:
         start = i * self.block_size
-        return (parent, tuple(seq.token_slice(start, start + self.block_size)))
+        tokens = seq.token_slice(start, start + self.block_size)
+        embeds = seq.request.prompt_embeds
+        if embeds is not None:  # rows are keyed by their content, not by their placeholder ids
+            return (parent, tuple(embeds.cache_tokens(tokens, start)))
+        return (parent, tuple(tokens))
 
     def _needs_copy(self, seq: Sequence) -> bool:
         """The block the next token goes into is partially filled and shared."""

@@ -1,15 +1,67 @@
 """What a client asked for, as the engine keeps it: immutable once parsed (`serving.engine_inputs`
-builds it from the request tensors). Everything that changes while it runs is a `Sequence`'s."""
+builds it from the request tensors). Everything that changes while it runs is a `Sequence`'s.
+
+A prompt may carry, at chosen positions, rows of input embeddings instead of token ids
+(`PromptEmbeds`: prompt tables, image features); the ids at those positions are placeholders. The
+model runner feeds the rows, and the prefix cache keys those positions by the rows' content.
+"""
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 import itertools
 import time
 from dataclasses import dataclass, field
 
+import torch
+
 from tritonlm.sampling.params import SamplingParams
 
 _keys = itertools.count(1)
+
+
+def content_key(row: torch.Tensor) -> bytes:
+    """A digest of a row's dtype and bytes: equal rows give equal keys, and a key (bytes) never
+    equals a token id, so the prefix cache can mix the two."""
+    data = row.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return hashlib.blake2b(str(row.dtype).encode() + data, digest_size=16).digest()
+
+
+@dataclass(frozen=True, eq=False)
+class PromptEmbeds:
+    """Input-embedding rows for some prompt positions. Build it with `PromptEmbeds.of`, which
+    computes each row's content key once."""
+
+    positions: tuple[int, ...]  # sorted, distinct prompt positions
+    rows: torch.Tensor  # [len(positions), hidden], float, on the CPU
+    keys: tuple[bytes, ...]  # content_key of each row
+
+    @classmethod
+    def of(cls, positions: list[int] | tuple[int, ...], rows: torch.Tensor) -> PromptEmbeds:
+        positions = tuple(int(p) for p in positions)
+        if rows.dim() != 2 or rows.shape[0] != len(positions) or not rows.is_floating_point():
+            raise ValueError(f"need a float [{len(positions)}, hidden] tensor, got {list(rows.shape)}")
+        ordered = all(a < b for a, b in zip(positions, positions[1:], strict=False))
+        if not ordered or (positions and positions[0] < 0):
+            raise ValueError("embedding positions must be sorted, distinct and non-negative")
+        rows = rows.detach().cpu()
+        return cls(positions, rows, tuple(content_key(r) for r in rows))
+
+    def span(self, start: int, end: int) -> tuple[int, int]:
+        """Indices [a, b) of the rows whose positions fall in [start, end)."""
+        return bisect.bisect_left(self.positions, start), bisect.bisect_left(self.positions, end)
+
+    def cache_tokens(self, tokens: list[int], start: int) -> list[int | bytes]:
+        """`tokens` (the prompt's ids from position `start`) with each embedding position's
+        placeholder replaced by its row's content key: what the prefix cache keys a block by."""
+        a, b = self.span(start, start + len(tokens))
+        if a == b:
+            return tokens
+        keyed: list[int | bytes] = list(tokens)
+        for j in range(a, b):
+            keyed[self.positions[j] - start] = self.keys[j]
+        return keyed
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,6 +81,7 @@ class Request:
     include_stop_str_in_output: bool = False
     key: int = field(default_factory=lambda: next(_keys))  # unique per request
     arrival: float = field(default_factory=time.perf_counter)
+    prompt_embeds: PromptEmbeds | None = None  # rows fed instead of the ids at some prompt positions
 
     @property
     def needs_prompt_logits(self) -> bool:

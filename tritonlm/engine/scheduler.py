@@ -3,19 +3,25 @@
 Every step has a token budget (`max_num_batched_tokens`) and at most `max_num_seqs` sequences run
 (hold KV blocks). A step takes, in this order:
 
-1. one token for every running sequence that is decoding (oldest first);
+1. every running sequence that is decoding (oldest first): its pending token, plus its proposed
+   `spec_tokens` if it has any (all of them or, when they do not fit the budget, none: it waits;
+   proposals that do not fit the free blocks are dropped rather than preempt anyone);
 2. the next chunk of every running sequence still feeding its prompt (or recomputing after a
    preemption), as much of it as the budget allows;
 3. waiting sequences, first come first served, while the budget, `max_num_seqs` and the free blocks
    allow; a prompt's blocks found in the prefix cache are taken instead of computed.
 
 So a long prompt is split over several steps and never holds the decoding streams up for more than
-one budget's worth of tokens. A sequence is sampled only when its chunk reaches its last token.
+one budget's worth of tokens. A sequence is sampled only when its chunk reaches its last token; a
+decode with proposals wants the logits of every token it feeds (`Batch.num_logits`), to verify them.
+Prefix-cache blocks are registered only up to a sequence's verified tokens, never over proposals;
+rejected proposals give their slots back through `BlockManager.rollback`.
 
 When a running sequence needs a block and none is free, the newest running sequence is preempted:
 its blocks are released and it goes back to the front of the waiting queue, to be recomputed
-(prompt and generated tokens, often mostly from the prefix cache) when blocks free up. Nothing it
-generated is lost, so its output is the same as if it had never been interrupted.
+(prompt and generated tokens, often mostly from the prefix cache) when blocks free up; its
+proposals, if any, are dropped. Nothing it generated is lost, so its output is the same as if it
+had never been interrupted.
 
 The scheduler is not thread-safe: the engine calls it from its loop thread, `add` under its lock.
 """
@@ -39,7 +45,17 @@ class Batch:
 
     @property
     def sample(self) -> list[bool]:
-        return [s.num_computed + n == s.num_tokens for s, n in zip(self.seqs, self.num_new, strict=True)]
+        """Whether the step reaches each sequence's last verified token (so its next is drawn)."""
+        return [s.num_computed + n >= s.num_tokens for s, n in zip(self.seqs, self.num_new, strict=True)]
+
+    @property
+    def num_logits(self) -> list[int]:
+        """Logits rows each sequence needs, from its last new token back: 0 when not sampled, 1 for
+        a plain decode or a last prompt chunk, 1 + len(spec_tokens) for a decode with proposals
+        (row j predicts the token after its j-th fed token). `ModelRunner.forward` takes it as
+        `sample`."""
+        pairs = zip(self.seqs, self.num_new, strict=True)
+        return [max(s.num_computed + n - s.num_tokens + 1, 0) for s, n in pairs]
 
     @property
     def num_tokens(self) -> int:
@@ -122,21 +138,30 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         bs = self.blocks.block_size
 
-        # 1. Decodes, oldest first; a decode short of a block preempts the newest sequence.
+        # 1. Decodes, oldest first: the pending token and any proposals, all or nothing; a decode
+        #    short of a block preempts the newest sequence.
         for seq in [s for s in self.running if s.num_tokens - s.num_computed == 1]:
             if budget == 0:
                 break
             if not seq.block_table:  # preempted for an older one in this loop
                 continue
-            while not self.blocks.can_append(seq, 1):
+            if len(seq.spec_tokens) >= self.max_num_batched_tokens:  # could never fit: drop them
+                seq.spec_tokens.clear()
+            n = 1 + len(seq.spec_tokens)
+            if n > budget:  # its proposals wait for a step with room; younger decodes may fit
+                continue
+            if n > 1 and not self.blocks.can_append(seq, n):  # proposals never cost a preemption
+                seq.spec_tokens.clear()
+                n = 1
+            while not self.blocks.can_append(seq, n):
                 victim = self._newest_after(seq)
                 self._preempt(victim or seq, batch)
                 if victim is None:
                     break
             else:
-                self.blocks.append_slots(seq, 1)
-                batch._add(seq, 1)
-                budget -= 1
+                self.blocks.append_slots(seq, n)
+                batch._add(seq, n)
+                budget -= n
 
         # 2. Running sequences still feeding their prompt: the next chunk each, oldest first.
         for seq in [s for s in self.running if s.num_tokens - s.num_computed > 1]:
@@ -198,6 +223,7 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.status = Status.WAITING
+        seq.spec_tokens.clear()  # proposals are for one step; it will feed its prompt again first
         self.waiting.appendleft(seq)
         seq.num_preemptions += 1
         self.num_preemptions += 1

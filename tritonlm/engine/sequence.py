@@ -70,6 +70,11 @@ class Sequence:
     num_computed: int = 0
     block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    # Proposed tokens (e.g. draft tokens to verify) that follow prompt + output for one step: a
+    # decoding sequence then feeds its pending token and these together. They are never part of the
+    # prefix cache's keys; whoever sets them settles them after the step (BlockManager.rollback),
+    # and a preemption drops them. Only for a decoding sequence (one pending token).
+    spec_tokens: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None  # a sampling request's own random stream
     group: object | None = None  # the BeamGroup of a beam-search request and of each of its beams
     is_cancelled: Callable[[], bool] = lambda: False  # set by the Triton adapter

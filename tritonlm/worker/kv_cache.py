@@ -7,11 +7,22 @@ forward step (index tensors only), and this module's attention function, registe
 transformers' AttentionInterface, uses it in every layer:
 
 1. write the step's new keys/values into their slots (one `index_copy_` for the whole step);
-2. decode tokens (one new token per sequence, placed first in the packed batch): gather each
-   sequence's cached keys/values into a padded `[batch, kv_heads, length, head_dim]` view and run
-   one batched `scaled_dot_product_attention` with a length mask;
+2. decode tokens (the new tokens of decoding sequences, placed first in the packed batch): gather
+   each sequence's cached keys/values into a padded `[batch, kv_heads, length, head_dim]` view (on
+   CPU, read its `decode_workspace.DecodeWorkspace` row in place instead) and run one batched
+   `scaled_dot_product_attention` with a length mask;
 3. prefill chunks: per sequence, causal attention over its own new tokens, or over its cached prefix
    plus the new tokens (a later chunk, or a prompt whose prefix came from the prefix cache).
+
+Several tokens per decoding sequence: a decoding sequence feeds its pending token and, when it has
+proposals to verify (`Sequence.spec_tokens`), those after it, so k >= 1 queries. They stay in the
+decode path (rather than going through a prefill chunk with a cached prefix): the sequence keeps
+its workspace row and shares the one batched call. With one query each, the common case, the
+queries are `[batch, heads, 1, head_dim]` exactly as before; when some sequence has k > 1 they are
+padded to `[batch, heads, k_max, head_dim]` (`DecodeQueries`; a pad row repeats the sequence's last
+token and is dropped after) and the mask is per query row: query j sees the cached prefix and the
+new tokens up to j (causal). Rejected proposals leave stale keys/values in their slots, which are
+given back (`BlockManager.rollback`) and overwritten before anyone reads them.
 
 Any transformers decoder whose attention goes through the interface (Llama, Qwen2, Mistral, GPT-2 …)
 works unchanged; grouped-query attention goes through SDPA's `enable_gqa`.
@@ -21,11 +32,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
+
+if TYPE_CHECKING:
+    from tritonlm.worker.decode_workspace import DecodeWorkspace
 
 ATTENTION_NAME = "tritonlm_paged"
 _instances = itertools.count()
@@ -43,120 +58,36 @@ class PrefillPart:
 
 
 @dataclass
+class DecodeQueries:
+    """How the decode tokens map to padded queries when some decoding sequence feeds k > 1 tokens:
+    sequence i's tokens are query rows `[i * width, i * width + k_i)` of `[num_decodes * width]`."""
+
+    num_tokens: int  # decode tokens at the head of the packed batch
+    width: int  # the most tokens any decoding sequence feeds
+    gather: torch.Tensor  # [num_decodes * width]: packed token of each query row (pads repeat one)
+    scatter: torch.Tensor  # [num_tokens]: query row of each decode token
+    rows: torch.Tensor  # [num_tokens]: decoding sequence (workspace row) of each decode token
+
+
+@dataclass
 class StepLayout:
     """Where every token of one packed forward step goes, built once per step by the runner."""
 
     slot_mapping: torch.Tensor  # [tokens]: cache slot of each new token
-    num_decodes: int  # the first tokens of the batch are single new tokens of decoding sequences
+    num_decodes: int  # decoding sequences; their new tokens come first in the batch, in this order
     decode_slots: torch.Tensor | None  # [num_decodes, max_len]: slots to attend to (null-padded)
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_len]: None when lengths are equal
+    # [num_decodes, 1, queries, max_len]: keys each query sees; None when every decoding sequence
+    # feeds one token and all have the same length.
+    decode_mask: torch.Tensor | None
     prefills: list[PrefillPart]
-    # With the decode workspace instead of decode_slots: decode token i is row i, at this position.
-    decode_positions: torch.Tensor | None = None  # [num_decodes]
-    decode_length: int = 0  # longest decoding sequence, this step's token included
+    # With the decode workspace instead of decode_slots: the position of each decode token (its row
+    # is its sequence's index, see DecodeQueries.rows).
+    decode_positions: torch.Tensor | None = None  # [decode tokens]
+    decode_length: int = 0  # longest decoding sequence, this step's tokens included
     # Workspace rows to fill from the pool in each layer, after the step's keys/values are written
     # (a prefix cached in this very step is computed by another sequence of the step): (row, slots).
     workspace_fills: list[tuple[int, torch.Tensor]] = field(default_factory=list)
-
-
-class DecodeWorkspace:
-    """Contiguous copies of the decoding sequences' keys/values, kept across steps (CPU only).
-
-    Gathering every decoding sequence's blocks in every layer of every step copies the whole
-    context, which on a CPU costs as much memory traffic as the attention itself. Here each decoding
-    sequence owns a row of per-layer tensors `[rows, kv_heads, capacity, head_dim]`; a step appends
-    its one new key/value to the row (besides the pool, which stays the reference), and the batched
-    attention reads rows `[0, batch)` in place. A sequence gets a row, filled once from its blocks,
-    when it starts decoding; rows of sequences no longer decoding are given up and the rest are kept
-    dense, so the step's decoding sequences are exactly rows `[0, batch)`, in row order.
-    """
-
-    def __init__(self, cache: PagedKVCache, max_rows: int, max_len: int, max_bytes: int):
-        self.cache = cache
-        self.max_rows = max_rows
-        self.max_len = max_len
-        self.max_bytes = max_bytes
-        self.rows: list[object | None] = [None] * max_rows  # the Sequence in each row
-        self.lengths = [0] * max_rows  # positions held by each row
-        self.capacity = 0
-        self.keys: dict[int, torch.Tensor] = {}
-        self.values: dict[int, torch.Tensor] = {}
-
-    def reset(self) -> None:
-        self.rows = [None] * self.max_rows
-        self.lengths = [0] * self.max_rows
-
-    def _bytes(self, capacity: int) -> int:
-        return sum(
-            2 * self.max_rows * capacity * t.shape[1] * t.shape[2] * t.element_size()
-            for t in self.cache.keys.values()
-        )
-
-    def prepare(self, seqs: list, block_size: int) -> tuple[list[int], list[tuple[int, torch.Tensor]]] | None:
-        """Makes `seqs` (each about to feed the token at position `num_computed`) rows `[0, len)`.
-        Returns the order of `seqs` by row and the rows to fill from the pool during the forward
-        (`StepLayout.workspace_fills`), or None to use the gather path (too much memory)."""
-        wanted = {id(s): i for i, s in enumerate(seqs)}
-        for r, s in enumerate(self.rows):  # rows of sequences not decoding now, or out of date
-            if s is not None and (id(s) not in wanted or self.lengths[r] != s.num_computed):
-                self.rows[r] = None
-        need = max(s.num_computed + 1 for s in seqs)
-        if need > self.capacity:
-            capacity = min(-(-need // 256) * 256, max(self.max_len, need))
-            if self._bytes(capacity) > self.max_bytes:
-                self.reset()
-                self.keys, self.values, self.capacity = {}, {}, 0
-                return None
-            self._grow(capacity)
-        batch = len(seqs)
-        # Keep the used rows dense: move rows from the end into the holes of [0, batch).
-        holes = [r for r in range(batch) if self.rows[r] is None]
-        movers = [r for r in range(batch, self.max_rows) if self.rows[r] is not None]
-        for hole, mover in zip(holes, movers, strict=False):
-            n = self.lengths[mover]
-            for pool in (*self.keys.values(), *self.values.values()):
-                pool[hole, :, :n] = pool[mover, :, :n]
-            self.rows[hole], self.lengths[hole], self.rows[mover] = self.rows[mover], n, None
-        # Sequences new to decoding: a free row, filled from their blocks during the forward.
-        present = {id(s) for s in self.rows if s is not None}
-        free = iter(r for r in range(batch) if self.rows[r] is None)
-        fills = []
-        for s in seqs:
-            if id(s) in present:
-                continue
-            r = next(free)
-            n = s.num_computed
-            if n:
-                table = torch.tensor(s.block_table, dtype=torch.long)
-                pos = torch.arange(n)
-                fills.append(
-                    (r, (table[pos // block_size] * block_size + pos % block_size).to(self.cache.device))
-                )
-            self.rows[r] = s
-        row_of = {id(s): r for r, s in enumerate(self.rows) if s is not None}
-        order = sorted(range(batch), key=lambda i: row_of[id(seqs[i])])
-        for r in range(batch):  # after this step's forward every row holds one more position
-            self.lengths[r] = self.rows[r].num_computed + 1
-        return order, fills
-
-    def fill(self, layer: int, fills: list[tuple[int, torch.Tensor]]) -> None:
-        k_pool, v_pool = self.cache.keys[layer], self.cache.values[layer]
-        for row, slots in fills:
-            n = slots.shape[0]
-            self.keys[layer][row, :, :n] = k_pool[slots].transpose(0, 1)
-            self.values[layer][row, :, :n] = v_pool[slots].transpose(0, 1)
-
-    def _grow(self, capacity: int) -> None:
-        for layer, pool in self.cache.keys.items():
-            heads, dim = pool.shape[1], pool.shape[2]
-            for store in (self.keys, self.values):
-                new = torch.zeros(
-                    (self.max_rows, heads, capacity, dim), dtype=pool.dtype, device=self.cache.device
-                )
-                if layer in store:
-                    new[:, :, : self.capacity] = store[layer]
-                store[layer] = new
-        self.capacity = capacity
+    decode_queries: DecodeQueries | None = None  # None: one token per decoding sequence
 
 
 class ShapeProbe:
@@ -241,24 +172,34 @@ class PagedKVCache:
         outputs = []
         n = layout.num_decodes
         if n:
-            q = query[0, :, :n].transpose(0, 1).unsqueeze(2)  # [batch, heads, 1, head_dim]
+            dq = layout.decode_queries
+            t = n if dq is None else dq.num_tokens  # decode tokens
             if layout.decode_positions is not None:  # rows [0, n) of the workspace, in place
                 ws = self.workspace
                 if layout.workspace_fills:
                     ws.fill(module.layer_idx, layout.workspace_fills)
-                rows = torch.arange(n, device=query.device)
+                rows = torch.arange(n, device=query.device) if dq is None else dq.rows
                 k_rows, v_rows = ws.keys[module.layer_idx], ws.values[module.layer_idx]
-                k_rows[rows, :, layout.decode_positions] = key[0, :, :n].transpose(0, 1)
-                v_rows[rows, :, layout.decode_positions] = value[0, :, :n].transpose(0, 1)
+                k_rows[rows, :, layout.decode_positions] = key[0, :, :t].transpose(0, 1)
+                v_rows[rows, :, layout.decode_positions] = value[0, :, :t].transpose(0, 1)
                 k = k_rows[:n, :, : layout.decode_length]
                 v = v_rows[:n, :, : layout.decode_length]
             else:  # gather their blocks: [batch, kv_heads, length, head_dim]
                 k = k_pool[layout.decode_slots].transpose(1, 2)
                 v = v_pool[layout.decode_slots].transpose(1, 2)
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=layout.decode_mask, scale=scaling, enable_gqa=gqa
-            )
-            outputs.append(out.squeeze(2))  # [batch, heads, head_dim]
+            if dq is None:  # one query each: [batch, heads, 1, head_dim]
+                q = query[0, :, :n].transpose(0, 1).unsqueeze(2)
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=layout.decode_mask, scale=scaling, enable_gqa=gqa
+                )
+                outputs.append(out.squeeze(2))  # [batch, heads, head_dim]
+            else:  # padded to [batch, heads, width, head_dim], then back to the decode tokens
+                heads, dim = query.shape[1], query.shape[3]
+                q = query[0][:, dq.gather].view(heads, n, dq.width, dim).transpose(0, 1)
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=layout.decode_mask, scale=scaling, enable_gqa=gqa
+                )
+                outputs.append(out.transpose(1, 2).reshape(n * dq.width, heads, dim)[dq.scatter])
         for part in layout.prefills:
             q = query[:, :, part.offset : part.offset + part.length]
             if part.slots is None:  # the whole sequence is in this chunk: its own keys, causal

@@ -1,17 +1,24 @@
-"""Loads a transformers causal LM, sizes the paged KV cache, and runs one packed forward step."""
+"""Loads a transformers causal LM, sizes the paged KV cache, and runs one packed forward step.
+
+A step feeds each sequence's new tokens (`step_inputs` packs them: a decoding sequence feeds its
+pending token and any proposals, a prefilling one a chunk of its prompt) and returns, per sequence,
+the logits of its last few new tokens (one to sample from; 1 + proposals to verify them) and, for
+prompt logits, those of all of them. A step whose tokens include embedding rows
+(`Request.prompt_embeds`) calls the model with `inputs_embeds`; any other with `input_ids`."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.sequence import Sequence
-from tritonlm.worker import kv_cache
-from tritonlm.worker.kv_cache import DecodeWorkspace, PagedKVCache, PrefillPart, ShapeProbe, StepLayout
+from tritonlm.worker import kv_cache, step_inputs
+from tritonlm.worker.decode_workspace import DecodeWorkspace
+from tritonlm.worker.kv_cache import PagedKVCache, ShapeProbe
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +36,16 @@ def available_cpu_memory() -> int:
 
 @dataclass
 class StepOutput:
-    logits: torch.Tensor  # [sequences sampled this step, vocab], in the order they were passed
+    # The sampled rows, in the order the sequences were passed: one per sampled sequence when
+    # `sample` is all 0/1 (so [sequences sampled, vocab]); those of seqs[i] are rows
+    # [offsets[i], offsets[i + 1]).
+    logits: torch.Tensor
     all_logits: dict[int, torch.Tensor]  # index of a `keep_all` sequence -> [its new tokens, vocab]
+    offsets: list[int] = field(default_factory=list)
+
+    def logits_of(self, i: int) -> torch.Tensor:
+        """The sampled rows of the i-th sequence, its last new token last."""
+        return self.logits[self.offsets[i] : self.offsets[i + 1]]
 
 
 class ModelRunner:
@@ -90,123 +105,78 @@ class ModelRunner:
         self,
         seqs: list[Sequence],
         num_new: list[int],
-        sample: list[bool],
+        sample: list[bool] | list[int],
         keep_all: list[bool] | None = None,
         copies: list[tuple[int, int]] | None = None,
     ) -> StepOutput:
         """One packed step: feeds tokens [num_computed, num_computed + num_new[i]) of each sequence
-        (their blocks already allocated) and returns the last-token logits of each sequence with
-        `sample[i]`, plus all logits of the new tokens of each sequence with `keep_all[i]`.
+        (prompt, output, then its `spec_tokens`; their blocks already allocated) and returns the
+        logits of the last `sample[i]` new tokens of each sequence (a bool: its last token or
+        none), plus all logits of the new tokens of each sequence with `keep_all[i]`.
         `copies` are copy-on-write block pairs to apply first."""
         if copies:
             self.cache.copy_blocks(copies)
         keep_all = keep_all or [False] * len(seqs)
-        bs = self.config.block_size
-        # Decoding sequences (one new token) first: they share one batched attention call.
-        decodes = [i for i, n in enumerate(num_new) if n == 1]
-        num_decodes = len(decodes)
-        workspace = self.cache.workspace
-        plan = workspace.prepare([seqs[i] for i in decodes], bs) if workspace and decodes else None
-        rows, fills = plan if plan is not None else (None, [])
-        if rows is not None:  # in workspace row order
-            decodes = [decodes[j] for j in rows]
-        order = decodes + [i for i, n in enumerate(num_new) if n > 1]
+        step = step_inputs.build(seqs, num_new, self.cache)
+        keep, spans, all_rows = _logits_rows(step.order, num_new, sample, keep_all)
 
-        tokens: list[int] = []
-        positions: list[int] = []
-        slot_list: list[int] = []
-        lengths: list[int] = []
-        for i in order[:num_decodes]:
-            seq = seqs[i]
-            p = seq.num_computed
-            tokens.append(seq.token_slice(p, p + 1)[0])
-            positions.append(p)
-            slot_list.append(seq.block_table[p // bs] * bs + p % bs)
-            lengths.append(p + 1)
-        input_ids = torch.tensor(tokens, dtype=torch.long)
-        position_ids = torch.tensor(positions, dtype=torch.long)
-        slot_mapping = torch.tensor(slot_list, dtype=torch.long)
-
-        decode_slots = decode_mask = decode_positions = None
-        longest = max(lengths, default=0)
-        if num_decodes and min(lengths) != longest:
-            valid = torch.arange(longest)[None, :] < torch.tensor(lengths)[:, None]
-            decode_mask = valid[:, None, None, :].to(self.device)
-        if rows is not None:
-            decode_positions = position_ids.to(self.device)
-        elif num_decodes:
-            width = -(-longest // bs)
-            null_block = self.config.kv_cache_blocks
-            table = torch.tensor(
-                [
-                    seqs[i].block_table[:width] + [null_block] * (width - len(seqs[i].block_table[:width]))
-                    for i in order[:num_decodes]
-                ]
-            )
-            decode_slots = (table[:, :, None] * bs + torch.arange(bs)).reshape(num_decodes, -1)[:, :longest]
-            if decode_mask is not None:
-                decode_slots = decode_slots.masked_fill(~valid, self.cache.null_slot)
-            decode_slots = decode_slots.to(self.device)
-
-        parts: list[PrefillPart] = []
-        chunks_ids, chunks_pos, chunks_slots = [input_ids], [position_ids], [slot_mapping]
-        offset = num_decodes
-        for i in order[num_decodes:]:
-            seq, n = seqs[i], num_new[i]
-            start = seq.num_computed
-            table = torch.tensor(seq.block_table, dtype=torch.long)
-            pos = torch.arange(start + n)
-            all_slots = table[pos // bs] * bs + pos % bs
-            chunks_ids.append(torch.tensor(seq.token_slice(start, start + n), dtype=torch.long))
-            chunks_pos.append(pos[start:])
-            chunks_slots.append(all_slots[start:])
-            if start == 0:
-                parts.append(PrefillPart(offset, n, 0, None, None))
-            else:
-                mask = pos[None, :] <= pos[start:, None]
-                parts.append(PrefillPart(offset, n, start, all_slots.to(self.device), mask.to(self.device)))
-            offset += n
-
-        # Logits to keep: the last token of each sampled sequence, every token of keep_all ones.
-        keep: list[int] = []
-        sample_row: dict[int, int] = {}
-        all_rows: dict[int, tuple[int, int]] = {}
-        offset = 0
-        for i in order:
-            n = num_new[i]
-            if keep_all[i]:
-                all_rows[i] = (len(keep), len(keep) + n)
-                keep.extend(range(offset, offset + n))
-                if sample[i]:
-                    sample_row[i] = len(keep) - 1
-            elif sample[i]:
-                sample_row[i] = len(keep)
-                keep.append(offset + n - 1)
-            offset += n
-
-        self.cache.layout = StepLayout(
-            slot_mapping=torch.cat(chunks_slots).to(self.device),
-            num_decodes=num_decodes,
-            decode_slots=decode_slots,
-            decode_mask=decode_mask,
-            prefills=parts,
-            decode_positions=decode_positions,
-            decode_length=longest,
-            workspace_fills=fills,
-        )
+        self.cache.layout = step.layout
         try:
+            ids = step.input_ids.to(self.device)[None]
+            if step.embed_at:
+                inputs = {"inputs_embeds": self._embed(ids, step.embed_at, step.embed_rows)}
+            else:  # the usual case: no embedding rows, the model looks the ids up itself
+                inputs = {"input_ids": ids}
             out = self.model(
-                input_ids=torch.cat(chunks_ids).to(self.device)[None],
-                position_ids=torch.cat(chunks_pos).to(self.device)[None],
+                **inputs,
+                position_ids=step.position_ids.to(self.device)[None],
                 use_cache=False,
                 logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
             )
         finally:
             self.cache.layout = None
         logits = out.logits[0]
-        sample_rows = [sample_row[i] for i in range(len(seqs)) if i in sample_row]
-        if sample_rows != list(range(len(sample_rows))) or len(sample_rows) != logits.shape[0]:
-            logits_sampled = logits[torch.tensor(sample_rows, dtype=torch.long, device=self.device)]
+        # The sampled rows, in the order of `seqs` (the batch was packed decodes first).
+        select: list[int] = []
+        offsets = [0]
+        for i in range(len(seqs)):
+            if i in spans:
+                a, b = spans[i]
+                select.extend(range(a, b))
+            offsets.append(len(select))
+        if select != list(range(len(select))) or len(select) != logits.shape[0]:
+            logits_sampled = logits[torch.tensor(select, dtype=torch.long, device=self.device)]
         else:
             logits_sampled = logits
-        return StepOutput(logits_sampled, {i: logits[a:b] for i, (a, b) in all_rows.items()})
+        return StepOutput(logits_sampled, {i: logits[a:b] for i, (a, b) in all_rows.items()}, offsets)
+
+    def _embed(self, ids: torch.Tensor, at: list[int], rows: list[torch.Tensor]) -> torch.Tensor:
+        """The model's input embeddings of `ids` [1, tokens], with `rows` at packed indices `at`."""
+        embeds = self.model.get_input_embeddings()(ids)
+        index = torch.tensor(at, dtype=torch.long, device=self.device)
+        embeds[0, index] = torch.cat(rows).to(device=self.device, dtype=embeds.dtype)
+        return embeds
+
+
+def _logits_rows(
+    order: list[int], num_new: list[int], sample: list[bool] | list[int], keep_all: list[bool]
+) -> tuple[list[int], dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
+    """The packed tokens whose logits the model computes (`logits_to_keep`), and, per sequence,
+    its sampled rows and its `keep_all` rows among them."""
+    keep: list[int] = []
+    spans: dict[int, tuple[int, int]] = {}
+    all_rows: dict[int, tuple[int, int]] = {}
+    offset = 0
+    for i in order:
+        n, m = num_new[i], int(sample[i])
+        assert m <= n, f"{m} logits rows asked of {n} new tokens"
+        if keep_all[i]:
+            all_rows[i] = (len(keep), len(keep) + n)
+            keep.extend(range(offset, offset + n))
+            if m:
+                spans[i] = (len(keep) - m, len(keep))
+        elif m:
+            spans[i] = (len(keep), len(keep) + m)
+            keep.extend(range(offset + n - m, offset + n))
+        offset += n
+    return keep, spans, all_rows
