@@ -606,3 +606,37 @@ def test_classify_error(message, status, text):
     if text is not None:
         assert got_text == text
     assert "At:" not in got_text and "model.py" not in got_text
+
+
+# The one engine client: a Job becomes tensors by one sampling rule, and a model's error is named
+# in the caller's API.
+def test_one_sampling_rule_for_every_api():
+    from frontend.engine_client.request import Job
+
+    def sampling(**fields):
+        inputs = Job(prompt="Hi", **fields).inputs(index=1)
+        names = {"temperature", "top_p", "top_k", "typical_p", "random_seed"}
+        return {k: v.reshape(-1)[0].item() for k, v in inputs.items() if k in names}
+
+    assert sampling(sample=False) == {}  # TGI's greedy: the engine's defaults
+    assert sampling(temperature=0.0) == {"temperature": 0.0}  # OpenAI's greedy, as given
+    assert sampling() == {"temperature": 1.0, "top_p": 1.0}  # top_p 0 would mean greedy
+    assert sampling(temperature=0.5, top_p=0.9, top_k=5, typical_p=0.4, seed=7) == pytest.approx(
+        {"temperature": 0.5, "top_p": 0.9, "top_k": 5, "typical_p": 0.4, "random_seed": 8}
+    )
+
+
+def test_model_errors_are_named_in_the_callers_api():
+    from frontend.engine_client.request import Job
+
+    def named(message: str, **fields) -> APIError:
+        return Job(prompt="Hi", **fields).named(APIError(422, message))
+
+    tgi = {"prompt_param": "inputs", "max_tokens_param": "max_new_tokens"}
+    message = "request_output_len: prompt tokens + request_output_len must be <= 512; got 5 + 600"
+    assert named(message, **tgi).message.startswith("max_new_tokens: prompt tokens + max_new_tokens")
+    assert named(message, **tgi).param == "max_new_tokens"
+    assert named(message).param == "max_tokens"
+    assert named(message, max_tokens_param="max_completion_tokens").param == "max_completion_tokens"
+    assert named("input_ids: the prompt has 600 tokens", **tgi).message.startswith("inputs: ")
+    assert named("something else").param is None

@@ -343,3 +343,14 @@ def test_a_shared_prompt_prefix_is_reported_as_cached_tokens(servers):
     assert cached >= 16 and cached % 16 == 0  # whole KV blocks of the shared prefix
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= cached
     assert again["choices"][0]["text"] == second["choices"][0]["text"]
+
+
+def test_a_request_past_the_context_names_max_new_tokens(servers):
+    # The engine reports it as request_output_len; POST / speaks TGI, so it names TGI's field.
+    for stream in (False, True):
+        body = {"inputs": "Hello", "parameters": {"max_new_tokens": 2100}, "stream": stream}
+        response = post(servers, body)
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error.startswith("max_new_tokens: prompt tokens + max_new_tokens must be <= ")
+        assert "request_output_len" not in error

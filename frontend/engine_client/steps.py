@@ -1,6 +1,7 @@
-"""Reads the ensemble's streamed responses as `Step`s: the new text, the tokens, and the finish reason.
+"""Runs a Job on the ensemble and reads its streamed responses as `Step`s: the new text, the
+tokens, and the finish reason.
 
-API-neutral: the TGI route (and later ones) shape these into their own JSON.
+API-neutral: every route shapes these into its own JSON; `steps` is the one generation path.
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ import contextlib
 import math
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
-from frontend.engine_client.triton import ENSEMBLE
+from frontend.engine_client.request import Job
+from frontend.engine_client.triton import ENSEMBLE, PREPROCESSING, tensors
 from frontend.errors import APIError
+
+T = TypeVar("T")
 
 
 class Triton(Protocol):
@@ -239,19 +243,29 @@ def parse_step(outputs: dict[str, np.ndarray], with_logprobs: bool, beam: int = 
     )
 
 
-async def steps(
-    triton: Triton, inputs: dict[str, np.ndarray], with_logprobs: bool
-) -> AsyncGenerator[Step, None]:
+async def steps(triton: Triton, job: Job, index: int = 0) -> AsyncGenerator[Step, None]:
+    """Sequence `index` of `job`, step by step; a model's error is renamed into the job's API."""
     # aclosing: closing this generator must close Triton's stream now (which cancels the request),
     # not whenever the garbage collector gets to it.
-    wanted = step_outputs(with_logprobs)
-    async with contextlib.aclosing(triton.stream(ENSEMBLE, inputs, wanted)) as responses:
-        async for outputs in responses:
-            yield parse_step(outputs, with_logprobs)
+    upstream = triton.stream(ENSEMBLE, job.inputs(index), step_outputs(job.with_logprobs))
+    async with contextlib.aclosing(upstream) as responses:
+        try:
+            async for outputs in responses:
+                yield parse_step(outputs, job.with_logprobs)
+        except APIError as error:
+            raise job.named(error) from None
 
 
-async def generate(triton: Triton, inputs: dict[str, np.ndarray], with_logprobs: bool) -> Generation:
-    return await collect(steps(triton, inputs, with_logprobs))
+async def generate(triton: Triton, job: Job, index: int = 0) -> Generation:
+    return await collect(steps(triton, job, index))
+
+
+async def first(upstream: AsyncIterator[T]) -> T:
+    """The first item of a stream, awaited before a streaming answer's headers go out, so that an
+    error the models report for the request still gets its HTTP status."""
+    async for item in upstream:
+        return item
+    raise APIError(500, "inference failed: Triton returned no response")
 
 
 async def collect(step_stream: AsyncIterator[Step]) -> Generation:
@@ -263,3 +277,20 @@ async def collect(step_stream: AsyncIterator[Step]) -> Generation:
     if not result.finish_reason:
         raise APIError(500, "inference failed: the generation ended without a finish reason")
     return result
+
+
+@dataclass
+class Prompt:
+    """The prompt's tokens, for `echo` with logprobs (the frontend has no tokenizer)."""
+
+    ids: list[int]
+    texts: list[str]
+
+
+async def prompt_tokens(triton: Triton, job: Job) -> Prompt:
+    out = await triton.infer(PREPROCESSING, tensors(PREPROCESSING, **job.prompt_inputs()))
+    texts = out.get("input_token_texts", np.array([], dtype=object)).reshape(-1)
+    return Prompt(
+        ids=[int(i) for i in out["input_ids"].reshape(-1)],
+        texts=[t.decode("utf-8", "replace") if isinstance(t, bytes) else str(t) for t in texts],
+    )

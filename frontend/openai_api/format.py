@@ -14,8 +14,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from frontend.engine_client.steps import Generation, Step, Token, TopToken
-from frontend.openai_api.jobs import Job, Prompt, Usage, stop_reason, usage
+from frontend.engine_client.request import Job
+from frontend.engine_client.steps import Generation, Prompt, Step, Token, TopToken
+from frontend.openai_api.jobs import Usage, stop_reason, usage
 
 Kind = Literal["chat", "completion"]
 # The engine's finish reasons in OpenAI's words: stopped by the end token, a stop string or a stop

@@ -15,11 +15,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from frontend.engine_client.steps import Step
+from frontend.engine_client.request import Job
+from frontend.engine_client.steps import Prompt, Step, first, prompt_tokens
 from frontend.errors import APIError, openai_body
 from frontend.models import resolve_model
 from frontend.openai_api.format import Meta, Stream, response
-from frontend.openai_api.jobs import Job, Prompt, complete_all, first_item, prompt_tokens, stream_all
+from frontend.openai_api.jobs import complete_all, stream_all
 from frontend.openai_api.schema import ChatCompletionRequest, CompletionRequest
 from frontend.streaming import EventStream, sse, until_disconnected
 
@@ -59,8 +60,8 @@ async def serve(request: Request, meta: Meta, jobs: list[Job]) -> Response:
     upstream = stream_all(triton, jobs)
     # Wait for the first response before answering, so that errors Triton reports for the request
     # (a prompt too long, …) still get their HTTP status instead of an SSE error event.
-    first = await until_disconnected(request, first_item(upstream))
-    return EventStream(_events(stream, first, upstream), upstream=upstream)
+    head = await until_disconnected(request, first(upstream))
+    return EventStream(_events(stream, head, upstream), upstream=upstream)
 
 
 def _lists_prompt(meta: Meta, job: Job) -> bool:

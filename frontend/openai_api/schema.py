@@ -5,7 +5,7 @@ Every documented field with its type, range and default; JSON types are strict (
 no 1.5 for an integer, no true for a number); `null` means "not given" for every optional field (the
 seeds' own examples send `"seed": null`, `"n": null` …); unknown fields are rejected, so no
 parameter is silently ignored. Rules that tie fields together are checked by `to_job`, which turns a
-request into the API-neutral `frontend.openai_api.jobs.Job` and raises a 400 naming the field.
+request into the API-neutral `frontend.engine_client.request.Job` and raises a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
+from frontend.engine_client.request import Job
 from frontend.errors import APIError
-from frontend.openai_api.jobs import Job
 
 MAX_INT32 = 2**31 - 1
 MAX_UINT64 = 2**64 - 1

@@ -10,15 +10,22 @@ import contextlib
 import logging
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
-from frontend.engine_client.steps import Generation, Step, Token, Triton, generate, steps
-from frontend.engine_client.triton import ENSEMBLE, PREPROCESSING, tensors
+from frontend.engine_client.request import Job
+from frontend.engine_client.steps import (
+    Generation,
+    Step,
+    Token,
+    Triton,
+    first,
+    generate,
+    prompt_tokens,
+    steps,
+)
 from frontend.errors import APIError
 from frontend.streaming import EventStream, sse, until_disconnected
 from frontend.tgi.schema import DEFAULT_MAX_NEW_TOKENS, GenerateRequest
@@ -43,45 +50,33 @@ def get_triton(request: Request) -> Triton:
     return request.app.state.triton
 
 
-@dataclass
-class Plan:
-    inputs: dict[str, np.ndarray]
-    seed: int | None  # the seed used when sampling (reported in details); None when greedy
-    with_logprobs: bool
-
-
-def plan(req: GenerateRequest) -> Plan:
-    """The ensemble inputs for a request. Only what the request decides is sent; for the rest the
-    engine's defaults apply (greedy: runtime_top_k 0 and runtime_top_p 0)."""
+def plan(req: GenerateRequest) -> Job:
+    """The Job for a request. Only what the request decides is set; for the rest the engine's
+    defaults apply (greedy unless the request samples). A sampling request without a seed gets
+    one here, so `details` can report it."""
     p = req.parameters
-    values: dict[str, Any] = {
-        "text_input": req.inputs,
-        "max_tokens": p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-        "stream": req.stream,
-    }
+    sample = req.is_sampling()
     seed = None
-    if req.is_sampling():
+    if sample:
         seed = p.seed if p.seed is not None else secrets.randbelow(_SEED_RANGE) + 1
-        values["temperature"] = p.temperature if p.temperature is not None else 1.0
-        # top_p 1.0 tells the engine "sample, no top-p limit" (0 would mean greedy).
-        values["top_p"] = p.top_p if p.top_p is not None else 1.0
-        values["random_seed"] = seed
-        if p.top_k is not None:
-            values["top_k"] = p.top_k
-        if p.typical_p is not None:
-            values["typical_p"] = p.typical_p
-    if p.repetition_penalty is not None:
-        values["repetition_penalty"] = p.repetition_penalty
-    if p.watermark:
-        values["watermark"] = True
-    if p.stop:
-        values["stop_words"] = p.stop
-    if p.truncate is not None:
-        values["truncate"] = p.truncate
-    with_logprobs = p.details or p.decoder_input_details
-    if with_logprobs:
-        values["return_log_probs"] = True
-    return Plan(tensors(ENSEMBLE, **values), seed, with_logprobs)
+    return Job(
+        prompt=req.inputs,
+        max_tokens=p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
+        stream=req.stream,
+        sample=sample,
+        temperature=p.temperature if sample else None,
+        top_p=p.top_p if sample else None,
+        top_k=(p.top_k or 0) if sample else 0,
+        typical_p=p.typical_p if sample else None,
+        seed=seed,
+        repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
+        watermark=bool(p.watermark),
+        stop=list(p.stop or []),
+        truncate=p.truncate,
+        logprobs=0 if p.details or p.decoder_input_details else None,  # the chosen tokens' only
+        prompt_param="inputs",
+        max_tokens_param="max_new_tokens",
+    )
 
 
 def _finish(reason: str) -> str:
@@ -92,20 +87,14 @@ def _token(tok: Token) -> dict[str, Any]:
     return {"id": tok.id, "logprob": tok.logprob, "special": tok.special, "text": tok.text}
 
 
-async def _prefill(triton: Triton, req: GenerateRequest) -> list[dict[str, Any]]:
-    """The prompt's tokens, from the preprocessing model itself (the frontend has no tokenizer)."""
-    p = req.parameters
-    max_tokens = p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
-    values: dict[str, Any] = {"text_input": req.inputs, "max_tokens": max_tokens}
-    if p.truncate is not None:
-        values["truncate"] = p.truncate
-    out = await triton.infer(PREPROCESSING, tensors(PREPROCESSING, **values))
-    ids = [int(i) for i in out["input_ids"].reshape(-1)]
-    texts = [t.decode("utf-8", "replace") for t in out.get("input_token_texts", np.array([])).reshape(-1)]
-    # Prompt logprobs are not computed and whether a prompt token is special is not reported: null.
+async def _prefill(triton: Triton, job: Job) -> list[dict[str, Any]]:
+    """The prompt's tokens, from the preprocessing model itself (the frontend has no tokenizer).
+    Prompt logprobs are not computed and whether a prompt token is special is not reported: null."""
+    prompt = await prompt_tokens(triton, job)
+    texts = prompt.texts
     return [
         {"id": i, "logprob": None, "special": None, "text": texts[n] if n < len(texts) else None}
-        for n, i in enumerate(ids)
+        for n, i in enumerate(prompt.ids)
     ]
 
 
@@ -116,14 +105,12 @@ async def generate_text(
     p = req.parameters
     job = plan(req)
     if req.stream:
-        upstream = steps(triton, job.inputs, job.with_logprobs)
-        # Wait for the first response before answering, so that errors Triton reports for the
-        # request (a prompt too long, …) still get their HTTP status instead of an SSE error event.
-        first = await until_disconnected(request, _first(upstream))
-        return EventStream(_events(req, job, first, upstream), upstream=upstream)
+        upstream = steps(triton, job)
+        step = await until_disconnected(request, first(upstream))
+        return EventStream(_events(req, job, step, upstream), upstream=upstream)
 
-    prefill = await until_disconnected(request, _prefill(triton, req)) if p.decoder_input_details else []
-    gen = await until_disconnected(request, generate(triton, job.inputs, job.with_logprobs))
+    prefill = await until_disconnected(request, _prefill(triton, job)) if p.decoder_input_details else []
+    gen = await until_disconnected(request, generate(triton, job))
     item: dict[str, Any] = {}
     if p.details or p.decoder_input_details:
         item["details"] = {
@@ -136,12 +123,6 @@ async def generate_text(
         }
     item["generated_text"] = (req.inputs if p.return_full_text else "") + gen.text
     return JSONResponse([item])
-
-
-async def _first(upstream: AsyncIterator[Step]) -> Step:
-    async for step in upstream:
-        return step
-    raise APIError(500, "inference failed: Triton returned no response")
 
 
 def _event(token_id: list[int], text: str, logprob: float | None, special: bool) -> dict[str, Any]:
@@ -161,7 +142,7 @@ def _step_events(step: Step, carry: str) -> list[dict[str, Any]]:
 
 
 async def _events(
-    req: GenerateRequest, job: Plan, first: Step, upstream: AsyncGenerator[Step, None]
+    req: GenerateRequest, job: Job, first: Step, upstream: AsyncGenerator[Step, None]
 ) -> AsyncIterator[bytes]:
     p = req.parameters
     gen = Generation()

@@ -1,0 +1,167 @@
+"""What to generate, in engine terms, for every API: a `Job` (one prompt, its settings, and the
+API's names for the fields the models may complain about) and its ensemble inputs.
+
+Both `POST /` (TGI) and the OpenAI-style routes fill a Job; `Job.inputs` is the one place that turns
+settings into tensors (the sampling rule included) and `Job.named` the one place that renames a
+model's error into the caller's field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from frontend.engine_client.triton import ENSEMBLE, tensors
+from frontend.errors import APIError
+
+_SEED_SPACE = 2**64
+
+# Engine and preprocessing tensors named in their error messages -> the API's field.
+_PARAMS = {
+    "request_output_len": "max_tokens",
+    "max_tokens": "max_tokens",
+    "input_ids": "prompt",
+    "text_input": "prompt",
+    "chat_messages": "prompt",
+    "chat_template_kwargs": "chat_template_kwargs",
+    "stop_token_ids": "stop_token_ids",
+    "num_top_log_probs": "logprobs",
+}
+_LEADING_NAME = re.compile(r"^(\w+)")
+
+
+@dataclass
+class Job:
+    prompt: str | None = None  # the text prompt, or:
+    messages: list[dict[str, Any]] | None = None  # a conversation for the chat template
+    chat_template_kwargs: dict[str, Any] | None = None
+    max_tokens: int | None = None  # None: as many as fit in the context
+    min_tokens: int = 0
+    sample: bool = True  # False: greedy
+    temperature: float | None = None  # sampling: None is 1.0; 0 sent as given (greedy)
+    top_p: float | None = None  # sampling: None is no limit
+    top_k: int = 0  # 0: no limit
+    typical_p: float | None = None
+    seed: int | None = None  # sequence i of the job draws with seed + i
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    watermark: bool = False
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    ignore_eos: bool = False
+    n: int = 1
+    best_of: int = 1  # sequences generated; the n best are returned
+    beam_search: bool = False  # then best_of is the beam width
+    logprobs: int | None = None  # alternatives per token (0: the chosen token only); None: off
+    echo: bool = False  # the prompt is part of the returned text (and of logprobs)
+    suffix: str = ""  # appended to each returned text (Databricks)
+    truncate: int | None = None  # keep only the prompt's last tokens (TGI)
+    truncate_to_fit: bool = False  # Databricks' error_behavior "truncate"
+    stream: bool = False
+    stream_usage: bool = True  # usage on the last chunk of a stream
+    # The API's names of the prompt and the token limit, for errors the models report.
+    prompt_param: str = "prompt"
+    max_tokens_param: str = "max_tokens"
+
+    @property
+    def ranked(self) -> bool:
+        return not self.beam_search and self.best_of > self.n
+
+    @property
+    def with_logprobs(self) -> bool:
+        """Whether the engine must compute log probs (reported, or needed to rank)."""
+        return self.logprobs is not None or self.ranked
+
+    def prompt_inputs(self) -> dict[str, Any]:
+        """The inputs that decide the prompt's tokens (for the ensemble and for preprocessing)."""
+        values: dict[str, Any] = {}
+        if self.messages is not None:
+            values["chat_messages"] = json.dumps(self.messages, ensure_ascii=False)
+            if self.chat_template_kwargs:
+                values["chat_template_kwargs"] = json.dumps(self.chat_template_kwargs, ensure_ascii=False)
+        else:
+            values["text_input"] = self.prompt or ""
+        if self.max_tokens is not None:
+            values["max_tokens"] = self.max_tokens
+        if self.truncate is not None:
+            values["truncate"] = self.truncate
+        if self.truncate_to_fit:
+            values["truncate_to_fit"] = True
+        return values
+
+    def inputs(self, index: int = 0) -> dict[str, np.ndarray]:
+        """Ensemble inputs for sequence `index` of this job. Only what differs from the models'
+        defaults is sent."""
+        values = self.prompt_inputs()
+        values["stream"] = self.stream and not self.beam_search
+        if self.beam_search:
+            values["beam_width"] = self.best_of  # deterministic: no sampling inputs
+        else:
+            values.update(self._sampling(index))
+        for name, default in (
+            ("presence_penalty", 0.0),
+            ("frequency_penalty", 0.0),
+            ("repetition_penalty", 1.0),
+        ):
+            if getattr(self, name) != default:
+                values[name] = getattr(self, name)
+        if self.watermark:
+            values["watermark"] = True
+        if self.min_tokens:
+            values["min_length"] = self.min_tokens
+        if self.stop:
+            values["stop_words"] = self.stop
+        if self.stop_token_ids:
+            values["stop_token_ids"] = self.stop_token_ids
+        if self.ignore_eos:
+            values["ignore_eos"] = True
+        if not self.skip_special_tokens:
+            values["skip_special_tokens"] = False
+        if self.include_stop_str_in_output:
+            values["include_stop_str_in_output"] = True
+        if self.with_logprobs:
+            values["return_log_probs"] = True
+            if self.logprobs:
+                values["top_logprobs"] = self.logprobs
+            if self.echo and self.logprobs is not None:
+                values["return_prompt_log_probs"] = True
+        return tensors(ENSEMBLE, **values)
+
+    def _sampling(self, index: int) -> dict[str, Any]:
+        """The one sampling rule of every API. Greedy sends nothing (the engine's defaults, top_k 0
+        and top_p 0, are greedy), or the temperature 0 the client gave. Sampling always sends a
+        temperature and a top_p, 1.0 when unset, because the engine reads top_p 0 as greedy."""
+        if not self.sample or self.temperature == 0:
+            return {"temperature": 0.0} if self.temperature == 0 else {}
+        values: dict[str, Any] = {
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": 1.0 if self.top_p is None else self.top_p,
+        }
+        if self.top_k:
+            values["top_k"] = self.top_k
+        if self.typical_p is not None:
+            values["typical_p"] = self.typical_p
+        if self.seed is not None:
+            values["random_seed"] = (self.seed + index) % _SEED_SPACE
+        return values
+
+    def named(self, error: APIError) -> APIError:
+        """A model's 4xx in this API's words: `param` is the request field the message starts with
+        (as a tensor name), and the message calls it by that field's name."""
+        if error.status >= 500 or error.param is not None:
+            return error
+        match = _LEADING_NAME.match(error.message)
+        param = _PARAMS.get(match.group(1)) if match else None
+        if param is None:
+            return error
+        param = {"max_tokens": self.max_tokens_param, "prompt": self.prompt_param}.get(param, param)
+        error.message = re.sub(rf"\b{match.group(1)}\b", param, error.message)
+        error.param = param
+        return error
