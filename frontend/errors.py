@@ -19,6 +19,8 @@ from starlette.responses import JSONResponse, Response
 
 # TGI's error_type for each status we produce.
 ERROR_TYPES = {
+    401: "authentication",
+    413: "payload_too_large",
     422: "validation",
     429: "overloaded",
     499: "cancelled",
