@@ -71,6 +71,10 @@ def log_config(log_format: str, level: str = "info") -> dict[str, Any]:
     }
 
 
+# Fields the text line shows before the key=value list (the id is in every line's prefix).
+_IN_PREFIX = ("request_id", "method", "path")
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 1)
 
@@ -90,6 +94,7 @@ class AccessLogMiddleware:
             record = current()
             if record is not None:
                 fields = {
+                    "request_id": record.request_id,
                     "method": record.method,
                     "path": record.path,
                     "route": route_of(scope),
@@ -99,5 +104,5 @@ class AccessLogMiddleware:
                     "ttft_ms": _ms(record.ttft),
                     "duration_ms": _ms(time.monotonic() - started),
                 }
-                text = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("method", "path"))
+                text = " ".join(f"{k}={v}" for k, v in fields.items() if k not in _IN_PREFIX)
                 log.info("%s %s %s", record.method, record.path, text, extra=fields)

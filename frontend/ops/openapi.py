@@ -1,7 +1,8 @@
 """Documents, in /openapi.json, every error status each route can answer, with its body: generated
 clients and fuzzers then see what the server really does. FastAPI alone documents a 422 with its
 own validation body, which our routes never send (TGI's routes send TGI's error body, OpenAI's and
-Databricks' routes say 400)."""
+Databricks' routes say 400). Model names are this server's models (an enum: any other name is a 404),
+so generated clients offer them and a fuzzer's requests get past the model lookup to the generation."""
 
 from __future__ import annotations
 
@@ -85,6 +86,7 @@ def document_errors(app: FastAPI) -> None:
                         "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}},
                     }
         components = schema.setdefault("components", {}).setdefault("schemas", {})
+        _model_examples(schema, app.state.model_name, app.state.embed_model_name)
         components.update(SCHEMAS)
         for unused in ("HTTPValidationError", "ValidationError"):
             components.pop(unused, None)
@@ -92,3 +94,19 @@ def document_errors(app: FastAPI) -> None:
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _model_examples(schema: dict[str, Any], model: str, embed_model: str) -> None:
+    for name, component in schema.get("components", {}).get("schemas", {}).items():
+        if "model" in component.get("properties", {}):
+            names = [embed_model if "Embedding" in name else model]
+            field = component["properties"]["model"]
+            if "anyOf" in field:  # optional: null or one of the names
+                field["anyOf"] = [{"type": "string", "enum": names}, {"type": "null"}]
+            else:
+                field["enum"] = names
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] == "path" and parameter["name"] == "name":  # a Databricks endpoint
+                    parameter["schema"]["enum"] = [model, embed_model]
