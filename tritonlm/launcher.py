@@ -12,6 +12,7 @@ TRITON_GRPC_PORT 8001, TRITON_METRICS_PORT 8002.
 from __future__ import annotations
 
 import ctypes.util
+import http.client
 import os
 import shutil
 import signal
@@ -149,9 +150,11 @@ def wait_ready(
             with urllib.request.urlopen(url, timeout=2, context=context) as response:
                 if response.status == 200:
                     return
-        except OSError as error:
-            if "CERTIFICATE_REQUIRED" in str(error).upper():
-                return  # HTTPS that requires client certificates (SSL_CA_CERTS) is up; we have none
+        except http.client.RemoteDisconnected:
+            if context is not None and os.environ.get("SSL_CA_CERTS"):
+                return  # mutual TLS: it completed the handshake, then dropped us (we have no client cert)
+        except OSError:
+            pass
         time.sleep(0.5)
     raise TimeoutError(f"{what} not ready at {url} after {timeout:.0f}s")
 
