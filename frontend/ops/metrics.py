@@ -113,7 +113,7 @@ class MetricsMiddleware:
             route = route_of(scope)
             m.requests.labels(route, scope["method"], str(status)).inc()
             m.duration.labels(route).observe(time.monotonic() - started)
-            if status in REFUSED:
+            if status in REFUSED and route != "/health":  # a probe's 503 refuses nobody
                 m.refused.labels(route, str(status)).inc()
             record = current()
             if record is not None:
