@@ -18,7 +18,8 @@ ACCESS_LOGGER = "tritonlm.access"
 log = logging.getLogger(ACCESS_LOGGER)
 
 # The standard LogRecord attributes; anything else on a record was passed as `extra`.
-_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "request_id"}
+# uvicorn's `color_message` is its message with terminal colours: not for JSON.
+_STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "request_id", "color_message"}
 
 
 class RequestIdFilter(logging.Filter):
