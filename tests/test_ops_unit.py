@@ -284,3 +284,12 @@ def test_openapi_documents_each_routes_error_statuses_and_bodies():
 
 def test_hello_fixture_is_what_the_counts_assume():
     assert sum(len(r["output_ids"].reshape(-1)) for r in HELLO) == 4
+
+
+def test_a_body_that_is_not_utf8_is_a_bad_request_in_each_api_format():
+    c = client()
+    garbage = {"content": b"\x07\xff\x0b", "headers": {"Content-Type": "application/json"}}
+    r = c.post("/", **garbage)
+    assert r.status_code == 422 and r.json()["error_type"] == "validation"
+    r = c.post("/v1/completions", **garbage)
+    assert r.status_code == 400 and "could not be parsed" in r.json()["error"]["message"]
