@@ -110,8 +110,6 @@ ENGINE_UNIMPLEMENTED: tuple[str, ...] = (
     "lora_config",
     "draft_input_ids",
     "draft_logits",
-    "guided_decoding_guide_type",
-    "guided_decoding_guide",
 )
 
 # What postprocessing makes of the engine's responses. The engine makes them itself when a client
