@@ -111,7 +111,9 @@ def engine_inputs(**values) -> dict[str, np.ndarray]:
 
 
 def test_guide_tensors_are_parsed_and_checked():
-    parsed = parse_request(engine_inputs(guided_decoding_guide_type="regex", guided_decoding_guide="a+"), 64, 64)
+    parsed = parse_request(
+        engine_inputs(guided_decoding_guide_type="regex", guided_decoding_guide="a+"), 64, 64
+    )
     assert parsed.guide == Guide("regex", "a+")
     assert parse_request(engine_inputs(guided_decoding_guide_type="json"), 64, 64).guide == Guide("json")
     bad = [
@@ -158,7 +160,9 @@ def test_constrained_and_free_sequences_share_steps(model_dir, tokenizer):
     constrained = [
         guided(tokenizer, [7, 8], SamplingParams(), schema),  # greedy
         guided(tokenizer, [9], SamplingParams(temperature=1.0, top_p=1.0, seed=3), schema),  # sampled
-        guided(tokenizer, [9], SamplingParams(temperature=1.0, top_p=1.0, seed=4), Guide("regex", "[a-c]{3}")),
+        guided(
+            tokenizer, [9], SamplingParams(temperature=1.0, top_p=1.0, seed=4), Guide("regex", "[a-c]{3}")
+        ),
         guided(tokenizer, [9], SamplingParams(), Guide("json_schema", '{"type": "bogus"}')),  # fails alone
     ]
     engine = run(runner, tokenizer, free + constrained)
@@ -168,7 +172,10 @@ def test_constrained_and_free_sequences_share_steps(model_dir, tokenizer):
         jsonschema.validate(json.loads(tokenizer.decode(seq.output_ids[:-1])), SCHEMA)
     assert re.fullmatch("[a-c]{3}", tokenizer.decode(constrained[2].output_ids[:-1]))
     failed = constrained[3]
-    assert failed.out.finish_reason == "error" and "guided_decoding_guide: invalid json_schema" in failed.out.error
+    assert (
+        failed.out.finish_reason == "error"
+        and "guided_decoding_guide: invalid json_schema" in failed.out.error
+    )
     stats = engine.stats()
     assert stats["grammar_steps"] > 0 and 0 < stats["grammar_mask_seconds"] < stats["grammar_step_seconds"]
 
@@ -178,7 +185,12 @@ def test_preempted_constrained_sequences_give_the_same_output(model_dir, tokeniz
 
     def batch():
         return [
-            guided(tokenizer, list(range(10 + i, 40 + i)), SamplingParams(temperature=1.0, top_p=1.0, seed=i), schema)
+            guided(
+                tokenizer,
+                list(range(10 + i, 40 + i)),
+                SamplingParams(temperature=1.0, top_p=1.0, seed=i),
+                schema,
+            )
             for i in range(6)
         ]
 
