@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from engine_helpers import sequence
+from schemas import generated_schemas
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
@@ -204,3 +205,9 @@ def test_preempted_constrained_sequences_give_the_same_output(model_dir, tokeniz
     assert [s.output_ids for s in seqs] == [s.output_ids for s in reference]
     for seq in seqs:
         jsonschema.validate(json.loads(tokenizer.decode(seq.output_ids[:-1])), SCHEMA)
+
+
+def test_generated_schemas_end_and_validate_under_random_logits(grammars, tokenizer):
+    for seed, schema in enumerate(generated_schemas(24)):
+        out = constrained_walk(grammars, "json_schema", json.dumps(schema), tokenizer.eos_token_id, seed)
+        jsonschema.validate(json.loads(tokenizer.decode(out[:-1])), schema)

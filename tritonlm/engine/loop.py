@@ -69,10 +69,10 @@ class Engine:
         seq.generator = request.params.make_generator(self.runner.device)
         seq.text = text_stream(request, self.tokenizer)
         if request.guide is not None:
+            # It joins the queue once compiled (now, when cached); others go on meanwhile.
             seq.grammar = self._grammar(seq)
-            if not seq.grammar.ready:  # joins the queue once compiled; others go on meanwhile
-                seq.grammar.compiled.add_done_callback(lambda _: self._compiled(seq))
-                return True
+            seq.grammar.compiled.add_done_callback(lambda _: self._compiled(seq))
+            return True
         return self._enqueue(seq)
 
     def _grammar(self, seq: Sequence) -> GrammarState:
@@ -83,8 +83,9 @@ class Engine:
         return GrammarState(self.grammars.compile(guide.type, guide.text), stop_ids)
 
     def _compiled(self, seq: Sequence) -> None:
-        """On the compiling thread: queue the sequence, or fail it alone (a bad guide is the
-        client's mistake: the error names the guide tensor; a full queue refuses it)."""
+        """When its grammar is compiled (on the compiling thread, or in `add` when it was cached):
+        queue the sequence, or fail it alone (a bad guide is the client's mistake: the error names
+        the guide tensor; a full queue refuses it)."""
         error = seq.grammar.compiled.exception()
         if error is None and self._enqueue(seq):
             return
