@@ -211,3 +211,42 @@ def test_generated_schemas_end_and_validate_under_random_logits(grammars, tokeni
     for seed, schema in enumerate(generated_schemas(24)):
         out = constrained_walk(grammars, "json_schema", json.dumps(schema), tokenizer.eos_token_id, seed)
         jsonschema.validate(json.loads(tokenizer.decode(out[:-1])), schema)
+
+
+def test_api_fields_become_one_guide(grammars, tokenizer):
+    from frontend.engine_client import guides
+    from frontend.errors import APIError
+
+    schema = {"type": "object"}
+    spec = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}}
+    assert guides.response_format(spec).type == "json_schema"
+    assert guides.response_format({"type": "json_object"}).type == "json"
+    assert guides.response_format({"type": "text"}) is None
+    assert guides.tgi_grammar({"type": "json", "value": json.dumps(schema)}).text == json.dumps(schema)
+    choices = ["a.b (c)", "x|y", "[z]"]
+    guide = guides.structured_outputs({"choice": choices})
+    eos = tokenizer.eos_token_id
+    for seed in range(4):  # each choice is matched literally, special characters included
+        out = constrained_walk(grammars, guide.type, guide.text, eos, seed)
+        assert tokenizer.decode(out[:-1]) in choices
+    for call, param in (
+        (
+            lambda: guides.response_format({"type": "json_schema", "json_schema": {"schema": 1}}),
+            "response_format.json_schema.schema",
+        ),
+        (lambda: guides.response_format(spec | {"extra": 1}), "response_format.extra"),
+        (lambda: guides.structured_outputs({"json": schema, "regex": "a"}), "structured_outputs"),
+        (lambda: guides.structured_outputs({"choice": []}), "structured_outputs.choice"),
+        (lambda: guides.tgi_grammar({"type": "yaml", "value": "x"}), "parameters.grammar.type"),
+    ):
+        with pytest.raises(APIError) as info:
+            call()
+        assert info.value.param == param
+
+
+def test_a_cancelled_constrained_sequence_retires(model_dir, tokenizer):
+    runner = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=4, max_seq_len=64))
+    params = SamplingParams(end_id=tokenizer.eos_token_id)
+    seq = sequence([5, 6], 40, params, guide=Guide("regex", "[a-z]{30}"), is_cancelled=lambda: True)
+    run(runner, tokenizer, [seq])
+    assert seq.out.finish_reason == "cancelled"

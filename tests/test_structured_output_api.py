@@ -219,6 +219,12 @@ def test_the_grpc_ensemble_takes_the_guided_decoding_tensors(servers):
         ("/v1/completions", {"structured_outputs": {"regex": "a("}}, 400, "structured_outputs"),
         (
             "/v1/completions",
+            {"structured_outputs": {"regex": "b("}, "stream": True},
+            400,
+            "structured_outputs",
+        ),
+        (
+            "/v1/completions",
             {"structured_outputs": {"regex": "a", "choice": ["b"]}},
             400,
             "structured_outputs",
