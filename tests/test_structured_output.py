@@ -250,3 +250,34 @@ def test_a_cancelled_constrained_sequence_retires(model_dir, tokenizer):
     seq = sequence([5, 6], 40, params, guide=Guide("regex", "[a-z]{30}"), is_cancelled=lambda: True)
     run(runner, tokenizer, [seq])
     assert seq.out.finish_reason == "cancelled"
+
+
+def test_a_slow_compile_holds_only_its_own_request(model_dir, tokenizer, monkeypatch):
+    runner = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=4, max_seq_len=64))
+    finished: list[str] = []
+    release = threading.Event()
+    real = Grammars._build
+
+    def slow(self, kind, text):
+        release.wait(60)  # compiles only once the free request has finished
+        return real(self, kind, text)
+
+    monkeypatch.setattr(Grammars, "_build", slow)
+    done = threading.Semaphore(0)
+
+    def on_output(seq, n):
+        if seq.out.finish_reason:
+            finished.append("guided" if seq.grammar else "free")
+            if not seq.grammar:
+                release.set()
+            done.release()
+
+    engine = Engine(runner, on_output, tokenizer=tokenizer)
+    thread = threading.Thread(target=engine.run, daemon=True)
+    thread.start()
+    engine.add(guided(tokenizer, [5], SamplingParams(), Guide("regex", "[ab]{3}")))
+    engine.add(sequence([6, 7], 5, SamplingParams()))
+    assert done.acquire(timeout=60) and done.acquire(timeout=60)
+    engine.stop()
+    thread.join(10)
+    assert finished == ["free", "guided"]

@@ -130,6 +130,8 @@ def parse_request(
     guide = parse_guide(tensors)
     if guide is not None:
         _check(beam_width == 1, "guided_decoding_guide: not available with beam search (beam_width > 1)")
+        # The grammar mask covers one token per step; drafts would be verified unconstrained.
+        _check("draft_input_ids" not in tensors, "draft_input_ids: not available with guided decoding")
     if "pad_id" in tensors:  # packed batches never pad; still, a bad id is the client's mistake
         number("pad_id", 0, vocab_size - 1)
     if "embedding_bias" in tensors:
