@@ -36,10 +36,11 @@ class Grammars:
     whitespace (xgrammar's `any_whitespace=False`): a model may otherwise loop on spaces forever.
     """
 
-    def __init__(self, tokenizer: Any, vocab_size: int, threads: int = 1, cache_size: int = 256):
+    def __init__(self, tokenizer: Any, vocab_size: int, workers: int = 2, cache_size: int = 256):
         self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=threads, cache_enabled=False)
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar-compile")
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        # Two compiles at a time: one slow guide does not hold every other guided request.
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar-compile")
         self.cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()
         self.cache_size = cache_size
         self.lock = threading.Lock()
