@@ -77,6 +77,13 @@ def test_a_masked_walk_matches_the_schema_and_the_regex(grammars, tokenizer):
         assert re.fullmatch(r"(yes|no)-[0-9]{2}", tokenizer.decode(out[:-1]))
     out = constrained_walk(grammars, "ebnf_grammar", 'root ::= "x" ("y" | "z")', eos)
     assert tokenizer.decode(out[:-1]) in ("xy", "xz")
+    inner = {"type": "json_schema", "json_schema": {"enum": [1, 2]}}
+    tag = {
+        "type": "structural_tag",
+        "format": {"type": "tag", "begin": "<c>", "content": inner, "end": "</c>"},
+    }
+    out = constrained_walk(grammars, "structural_tag", json.dumps(tag), eos)
+    assert tokenizer.decode(out[:-1]) in ("<c>1</c>", "<c>2</c>")
     out = constrained_walk(grammars, "json", "", eos, must_end=False)  # any object: may not end soon
     assert tokenizer.decode(out).startswith("{")
 
