@@ -229,6 +229,13 @@ def test_the_grpc_ensemble_takes_the_guided_decoding_tensors(servers):
             400,
             "structured_outputs",
         ),
+        # The grammar is complete after one token, but min_tokens bans the end: nothing is allowed.
+        (
+            "/v1/completions",
+            {"structured_outputs": {"choice": ["a"]}, "min_tokens": 3},
+            400,
+            "structured_outputs",
+        ),
         (
             "/v1/completions",
             {"structured_outputs": {"grammar": "root ::= nothing"}},
