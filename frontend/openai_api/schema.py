@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
+from frontend.engine_client import guides
 from frontend.engine_client.request import Job
 from frontend.errors import APIError
 
@@ -316,6 +317,8 @@ class ChatCompletionRequest(BaseModel):
     logprobs: Flag = None
     top_logprobs: Annotated[int | None, number(0, MAX_TOP_LOGPROBS, integer=True)] = None
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # structured output (frontend.engine_client.guides)
+    structured_outputs: dict[str, Any] | None = None  # vLLM's
     # Function calling is not implemented: only "no tools" is accepted.
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -334,6 +337,7 @@ class ChatCompletionRequest(BaseModel):
             max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
         )
         _max_tokens(job, self.min_tokens, job.max_tokens_param)
+        _guide(job, self.response_format, self.structured_outputs)
         _chat_logprobs(job, self.logprobs, self.top_logprobs)
         _sequences(job, self.n, self.best_of, bool(self.use_beam_search), job.stream)
         return job
@@ -344,6 +348,14 @@ def _no_tools(tools: list[Any] | None, tool_choice: Any) -> None:
         raise bad_request("function calling is not supported by this server", "tools")
     if tool_choice not in (None, "none"):
         raise bad_request('function calling is not supported by this server; only "none"', "tool_choice")
+
+
+def _guide(job: Job, response_format: Any, structured_outputs: Any) -> None:
+    """Structured output: OpenAI's response_format or vLLM's structured_outputs, not both."""
+    if response_format is not None and structured_outputs is not None:
+        raise bad_request("give response_format or structured_outputs, not both", "structured_outputs")
+    job.guide = guides.response_format(response_format) or guides.structured_outputs(structured_outputs)
+    job.guide_param = "structured_outputs" if structured_outputs is not None else "response_format"
 
 
 def _chat_logprobs(job: Job, logprobs: bool | None, top_logprobs: int | None) -> None:
@@ -385,6 +397,8 @@ class CompletionRequest(BaseModel):
     ignore_eos: Flag = None
     skip_special_tokens: Flag = None
     echo: Flag = None
+    response_format: dict[str, Any] | None = None  # structured output (frontend.engine_client.guides)
+    structured_outputs: dict[str, Any] | None = None  # vLLM's
 
     def to_job(self) -> Job:
         job = Job(
@@ -395,6 +409,7 @@ class CompletionRequest(BaseModel):
             echo=bool(self.echo),
         )
         _max_tokens(job, self.min_tokens, "max_tokens")
+        _guide(job, self.response_format, self.structured_outputs)
         _sequences(job, self.n, self.best_of, bool(self.use_beam_search), job.stream)
         return job
 
@@ -421,12 +436,6 @@ def _databricks_sampling(request: DatabricksChatRequest | DatabricksCompletionRe
     }
 
 
-class ResponseFormat(BaseModel):
-    model_config = _CONFIG
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
-
-
 class DatabricksChatRequest(BaseModel):
     model_config = _CONFIG
 
@@ -440,16 +449,12 @@ class DatabricksChatRequest(BaseModel):
     n: Annotated[int | None, number(1, MAX_SEQUENCES, integer=True)] = None
     tool_choice: str | dict[str, Any] | None = None
     tools: list[Any] | None = None
-    response_format: ResponseFormat | None = None
+    response_format: dict[str, Any] | None = None  # seed 002: text, json_object, json_schema
     logprobs: Flag = None
     top_logprobs: Annotated[int | None, number(0, MAX_TOP_LOGPROBS, integer=True)] = None
 
     def to_job(self) -> Job:
         _no_tools(self.tools, self.tool_choice)
-        if self.response_format is not None and self.response_format.type != "text":
-            raise bad_request(
-                'structured outputs are not supported by this server; only "text"', "response_format"
-            )
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("needs logprobs true", "top_logprobs")  # seed 002's rule
         job = Job(
@@ -459,6 +464,7 @@ class DatabricksChatRequest(BaseModel):
             prompt_param="messages",
         )
         job.n = job.best_of = self.n or 1  # Databricks has no n > 1 temperature rule
+        job.guide = guides.response_format(self.response_format, name_required=True)  # seed 002
         return job
 
 
