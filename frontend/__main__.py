@@ -1,13 +1,17 @@
 """python -m frontend --host 0.0.0.0 --port 9000 --triton-url localhost:8001 --model-name NAME
-[--embed-model-name NAME] [--stream-full-text]"""
+[--embed-model-name NAME] [--stream-full-text] [--api-key K1,K2] [--ssl-certfile F --ssl-keyfile F
+[--ssl-ca-certs F]] [--max-request-body-bytes N] [--log-format text|json]"""
 
 from __future__ import annotations
 
 import argparse
+import ssl
 
 import uvicorn
 
 from frontend.app import create_app
+from frontend.ops import settings as ops_settings
+from frontend.ops.access_log import log_config
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,14 +32,31 @@ def main(argv: list[str] | None = None) -> None:
         "(default: the TRITONLM_STREAM_FULL_TEXT environment variable)",
     )
     parser.add_argument("--log-level", default="info")
+    ops_settings.add_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        ops = ops_settings.from_args(args)
+    except ops_settings.SettingsError as error:
+        parser.error(str(error))
     app = create_app(
         args.triton_url,
         args.model_name,
         embed_model_name=args.embed_model_name,
         stream_full_text=args.stream_full_text,
+        ops=ops,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        log_config=log_config(ops.log_format, args.log_level),
+        access_log=False,  # frontend.ops.access_log writes one line per request instead
+        ssl_certfile=ops.ssl_certfile,
+        ssl_keyfile=ops.ssl_keyfile,
+        ssl_ca_certs=ops.ssl_ca_certs,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if ops.ssl_ca_certs else ssl.CERT_NONE,
+    )
 
 
 if __name__ == "__main__":

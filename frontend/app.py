@@ -18,6 +18,8 @@ from frontend.engine_client.triton import MODELS, TritonClient
 from frontend.errors import APIError
 from frontend.models import served
 from frontend.openai_api import routes as openai_api
+from frontend.ops import install as install_ops
+from frontend.ops.settings import OpsSettings
 from frontend.tgi import routes as tgi
 from tritonlm.embedding import config as embedding_config
 
@@ -32,12 +34,14 @@ def create_app(
     triton: Triton | None = None,
     embed_model_name: str | None = None,
     stream_full_text: bool | None = None,
+    ops: OpsSettings | None = None,
 ) -> FastAPI:
     """`triton`: an object with TritonClient's `stream`/`infer`/`ready` (tests pass a fake);
     by default a gRPC client for `triton_url`, opened on start-up inside the server's event loop.
     `embed_model_name`: the embedding model's id, by default `embedding_config.served_name()`.
     `stream_full_text`: cumulative stream text for the OpenAI routes; None: the
-    TRITONLM_STREAM_FULL_TEXT environment variable ("1" or "true" turns it on)."""
+    TRITONLM_STREAM_FULL_TEXT environment variable ("1" or "true" turns it on).
+    `ops`: API keys, body limit, … (frontend/ops); None: from the environment."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -62,6 +66,7 @@ def create_app(
     if triton is not None:
         app.state.triton = triton
     errors.install(app)
+    install_ops(app, ops if ops is not None else OpsSettings.from_env())
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, str]:

@@ -19,6 +19,8 @@ from starlette.responses import JSONResponse, Response
 
 # TGI's error_type for each status we produce.
 ERROR_TYPES = {
+    401: "authentication",
+    413: "payload_too_large",
     422: "validation",
     429: "overloaded",
     499: "cancelled",
@@ -136,6 +138,8 @@ def _as_api_error(exc: Exception) -> APIError:
         param = next((p for p in (_path(tuple(e.get("loc", ()))) for e in errors) if p), None)
         return APIError(422, "; ".join(_describe(e) for e in errors), param=param)
     if isinstance(exc, HTTPException):
+        if exc.status_code == 400:  # FastAPI could not read the body (not UTF-8, …): a bad request
+            return APIError(422, f"request body could not be parsed: {exc.detail}", headers=exc.headers)
         return APIError(exc.status_code, str(exc.detail), "http", headers=exc.headers)
     # Starlette re-raises after this, so the server logs the trace; the client never sees it.
     return APIError(500, "internal server error", "internal")

@@ -12,9 +12,11 @@ TRITON_GRPC_PORT 8001, TRITON_METRICS_PORT 8002.
 from __future__ import annotations
 
 import ctypes.util
+import http.client
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import sysconfig
@@ -126,15 +128,31 @@ def start_frontend(ports: Ports, model_name: str, log_path: Path | None = None) 
     return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None)
 
 
-def wait_ready(url: str, process: subprocess.Popen, timeout: float, what: str) -> None:
+def frontend_health(ports: Ports) -> tuple[str, ssl.SSLContext | None]:
+    """The frontend's /health URL, HTTPS when SSL_CERTFILE is set (frontend/ops/settings.py), with a
+    context for our own server on localhost (its certificate may be self-signed)."""
+    if not os.environ.get("SSL_CERTFILE"):
+        return f"http://localhost:{ports.frontend}/health", None
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return f"https://localhost:{ports.frontend}/health", context
+
+
+def wait_ready(
+    url: str, process: subprocess.Popen, timeout: float, what: str, context: ssl.SSLContext | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"{what} exited with code {process.returncode} before it was ready")
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
+            with urllib.request.urlopen(url, timeout=2, context=context) as response:
                 if response.status == 200:
                     return
+        except http.client.RemoteDisconnected:
+            if context is not None and os.environ.get("SSL_CA_CERTS"):
+                return  # mutual TLS: it completed the handshake, then dropped us (we have no client cert)
         except OSError:
             pass
         time.sleep(0.5)
@@ -198,10 +216,11 @@ def main() -> int:
     try:
         wait_ready(f"http://localhost:{ports.http}/v2/health/ready", triton, 600, "tritonserver")
         frontend = start_frontend(ports, os.environ.get("SERVED_MODEL_NAME", model_dir.name))
-        wait_ready(f"http://localhost:{ports.frontend}/health", frontend, 60, "frontend")
+        health_url, tls = frontend_health(ports)
+        wait_ready(health_url, frontend, 60, "frontend", tls)
         print(
             f"serving {model_dir.name} and {embedding_config.served_name()}: "
-            f"HTTP API http://localhost:{ports.frontend}  "
+            f"HTTP API {health_url.removesuffix('/health')}  "
             f"Triton HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}  (Ctrl-C stops)",
             flush=True,
         )

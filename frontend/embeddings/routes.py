@@ -20,6 +20,7 @@ from frontend.engine_client.triton import EMBEDDING
 from frontend.errors import APIError
 from frontend.models import resolve_model
 from frontend.openai_api.schema import parse_body
+from frontend.ops.context import count_tokens
 from tritonlm.serving.contract import EMBEDDING_MAX_BATCH_SIZE
 
 router = APIRouter()
@@ -87,7 +88,9 @@ async def embed(request: Request, texts: list[str], instruction: str | None) -> 
 
     results = await asyncio.gather(*(triton.infer(EMBEDDING, inputs(c)) for c in chunks))
     vectors = np.concatenate([r["embedding"] for r in results]).astype(np.float32)
-    return vectors, int(sum(int(r["token_count"].sum()) for r in results))
+    tokens = int(sum(int(r["token_count"].sum()) for r in results))
+    count_tokens(tokens_in=tokens)
+    return vectors, tokens
 
 
 def _encode(vector: np.ndarray, base64_format: bool) -> list[float] | str:

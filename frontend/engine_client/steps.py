@@ -17,6 +17,7 @@ import numpy as np
 from frontend.engine_client.request import Job
 from frontend.engine_client.triton import ENSEMBLE, PREPROCESSING, tensors
 from frontend.errors import APIError
+from frontend.ops.context import SequenceTracker
 
 T = TypeVar("T")
 
@@ -248,10 +249,13 @@ async def steps(triton: Triton, job: Job, index: int = 0) -> AsyncGenerator[Step
     # aclosing: closing this generator must close Triton's stream now (which cancels the request),
     # not whenever the garbage collector gets to it.
     upstream = triton.stream(ENSEMBLE, job.inputs(index), step_outputs(job.with_logprobs))
+    tracker = SequenceTracker(counts_prompt=index == 0)  # token counts and timings for logs, metrics
     async with contextlib.aclosing(upstream) as responses:
         try:
             async for outputs in responses:
-                yield parse_step(outputs, job.with_logprobs)
+                step = parse_step(outputs, job.with_logprobs)
+                tracker.step(step.prompt_tokens, len(step.tokens))
+                yield step
         except APIError as error:
             raise job.named(error) from None
 

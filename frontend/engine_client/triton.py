@@ -21,6 +21,7 @@ from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
 
 from frontend.errors import APIError
+from frontend.ops.context import request_id
 from tritonlm.errors import CLIENT_ERROR_MARKER, OVERLOAD_MARKER
 from tritonlm.serving import contract
 from tritonlm.serving.contract import NUMPY_DTYPES, Tensor
@@ -141,7 +142,7 @@ class TritonClient:
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
-            result = await self._client.infer(model, _inputs(model, inputs))
+            result = await self._client.infer(model, _inputs(model, inputs), request_id=request_id())
         except InferenceServerException as exc:
             raise _error(str(exc)) from None
         return _outputs(result.get_response())
@@ -157,7 +158,7 @@ class TritonClient:
             model_name=model,
             inputs=_inputs(model, inputs),
             model_version="",
-            request_id="",
+            request_id=request_id(),  # the HTTP request's X-Request-Id, in Triton's logs and errors
             outputs=None if outputs is None else [InferRequestedOutput(name) for name in outputs],
             sequence_id=0,
             sequence_start=False,

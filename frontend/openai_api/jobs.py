@@ -30,6 +30,7 @@ from frontend.engine_client.steps import (
 )
 from frontend.engine_client.triton import ENSEMBLE
 from frontend.errors import APIError
+from frontend.ops.context import SequenceTracker
 
 _SEED_SPACE = 2**64
 
@@ -38,13 +39,16 @@ async def _beams(triton: Triton, job: Job) -> list[Generation]:
     """Beam search: the final response holds every beam, best first."""
     beams: list[Generation] = []
     upstream = triton.stream(ENSEMBLE, job.inputs(), step_outputs(job.with_logprobs))
+    tracker = SequenceTracker()
     async with contextlib.aclosing(upstream) as responses:
         try:
             async for outputs in responses:
-                for b in range(beam_count(outputs)):
+                parsed = [parse_step(outputs, job.with_logprobs, beam=b) for b in range(beam_count(outputs))]
+                tracker.step(parsed[0].prompt_tokens, sum(len(step.tokens) for step in parsed))
+                for b, step in enumerate(parsed):
                     while len(beams) <= b:
                         beams.append(Generation())
-                    beams[b].add(parse_step(outputs, job.with_logprobs, beam=b))
+                    beams[b].add(step)
         except APIError as error:
             raise job.named(error) from None
     if not beams or not all(g.finish_reason for g in beams):

@@ -1,0 +1,38 @@
+"""Operations around the APIs: API keys, request ids, body limit, metrics, access logs, and the
+error statuses in /openapi.json. `install` plugs them all into the app; `settings` reads them."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from frontend.ops.access_log import AccessLogMiddleware
+from frontend.ops.auth import ApiKeyMiddleware
+from frontend.ops.guard import ErrorGuardMiddleware
+from frontend.ops.limits import BodyLimitMiddleware
+from frontend.ops.metrics import FrontendMetrics, MetricsMiddleware
+from frontend.ops.openapi import document_errors
+from frontend.ops.request_id import RequestIdMiddleware
+from frontend.ops.settings import OpsSettings
+
+
+def install(app: FastAPI, settings: OpsSettings) -> None:
+    """Add the middlewares (outermost first: request id, access log, metrics, API keys, body limit,
+    error guard), `GET /metrics`, and the documented error statuses."""
+    app.state.ops = settings
+    app.state.metrics = metrics = FrontendMetrics()
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def frontend_metrics(request: Request) -> Response:
+        """The frontend's Prometheus metrics (Triton's metrics port has the engine's)."""
+        return request.app.state.metrics.response()
+
+    # add_middleware puts each one outside the ones added before it.
+    app.add_middleware(ErrorGuardMiddleware)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.api_keys:
+        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(AccessLogMiddleware)
+    app.add_middleware(RequestIdMiddleware)
+    document_errors(app)

@@ -1,0 +1,45 @@
+"""API keys: with `API_KEY=k1,k2`, every route but the open ones needs `Authorization: Bearer <key>`;
+otherwise 401 in the route's API error format. Keys are compared in constant time, all of them."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from frontend import errors
+from frontend.errors import APIError
+
+# Probes, scrapers and the API description stay reachable without a key.
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
+def key_matches(given: str, keys: tuple[bytes, ...]) -> bool:
+    candidate = given.encode()
+    matched = False
+    for key in keys:  # no early exit: the time taken does not tell which key came close
+        matched |= hmac.compare_digest(candidate, key)
+    return matched
+
+
+class ApiKeyMiddleware:
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...]) -> None:
+        self.app = app
+        self.keys = tuple(k.encode() for k in keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and key_matches(token.strip(), self.keys):
+            await self.app(scope, receive, send)
+            return
+        message = (
+            "invalid API key" if scheme else "missing API key: send the header `Authorization: Bearer <key>`"
+        )
+        error = APIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        response = await errors.handle(Request(scope), error)
+        await response(scope, receive, send)

@@ -1,0 +1,112 @@
+"""Documents, in /openapi.json, every error status each route can answer, with its body: generated
+clients and fuzzers then see what the server really does. FastAPI alone documents a 422 with its
+own validation body, which our routes never send (TGI's routes send TGI's error body, OpenAI's and
+Databricks' routes say 400). Model names are this server's models (an enum: any other name is a 404),
+so generated clients offer them and a fuzzer's requests get past the model lookup to the generation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+
+from frontend.errors import OPENAI_PREFIXES
+from frontend.ops.auth import OPEN_PATHS
+
+TGI_ERROR = "TGIError"
+OPENAI_ERROR = "OpenAIError"
+SCHEMAS = {
+    TGI_ERROR: {
+        "title": TGI_ERROR,
+        "type": "object",
+        "properties": {"error": {"type": "string"}, "error_type": {"type": "string"}},
+        "required": ["error", "error_type"],
+    },
+    OPENAI_ERROR: {
+        "title": OPENAI_ERROR,
+        "type": "object",
+        "properties": {
+            "error": {
+                "type": "object",
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                    "code": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                },
+                "required": ["message", "type", "param", "code"],
+            }
+        },
+        "required": ["error"],
+    },
+}
+WHY = {
+    400: "Invalid request: the message and `param` name the field and what is allowed",
+    401: "Missing or wrong API key (only when the server has API keys)",
+    404: "Unknown model or endpoint",
+    413: "Request body larger than the server's limit",
+    422: "Invalid request: the message names the field and what is allowed",
+    429: "The engine's queue is full: retry after `Retry-After` seconds",
+    503: "Triton is not serving (starting, restarting or down): retry after `Retry-After` seconds",
+}
+# Routes that queue in the engine, which refuses work past its queue bound (429).
+_GENERATION_PATHS = ("/", "/v1/chat/completions", "/v1/completions")
+
+
+def statuses(path: str, method: str) -> list[int]:
+    """The error statuses of one operation."""
+    if path == "/health":
+        return [503]
+    codes = [] if path in OPEN_PATHS else [401]
+    if method != "post":
+        return codes
+    openai = path.startswith(OPENAI_PREFIXES)
+    codes += [400, 404] if openai else [422]
+    codes += [413, 503]
+    if path in _GENERATION_PATHS or path.startswith("/serving-endpoints/"):
+        codes.append(429)
+    return sorted(codes)
+
+
+def document_errors(app: FastAPI) -> None:
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = generate()
+        for path, operations in schema.get("paths", {}).items():
+            body = OPENAI_ERROR if path.startswith(OPENAI_PREFIXES) else TGI_ERROR
+            for method, operation in operations.items():
+                responses = operation.setdefault("responses", {})
+                responses.pop("422", None)  # FastAPI's validation body; ours replaces it where sent
+                for status in statuses(path, method):
+                    responses[str(status)] = {
+                        "description": WHY[status],
+                        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}},
+                    }
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        _model_examples(schema, app.state.model_name, app.state.embed_model_name)
+        components.update(SCHEMAS)
+        for unused in ("HTTPValidationError", "ValidationError"):
+            components.pop(unused, None)
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _model_examples(schema: dict[str, Any], model: str, embed_model: str) -> None:
+    for name, component in schema.get("components", {}).get("schemas", {}).items():
+        if "model" in component.get("properties", {}):
+            names = [embed_model if "Embedding" in name else model]
+            field = component["properties"]["model"]
+            if "anyOf" in field:  # optional: null or one of the names
+                field["anyOf"] = [{"type": "string", "enum": names}, {"type": "null"}]
+            else:
+                field["enum"] = names
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                if parameter["in"] == "path" and parameter["name"] == "name":  # a Databricks endpoint
+                    parameter["schema"]["enum"] = [model, embed_model]

@@ -1,0 +1,230 @@
+"""Operations against the live servers: API keys and TLS (a frontend started with them, on the session's
+tritonserver), request ids reaching Triton, JSON access logs, /metrics, the body limit, and a
+bounded schemathesis run of /openapi.json (no 5xx, every status documented)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import httpx
+import numpy as np
+import pytest
+from conftest import Servers, free_port
+
+import frontend.engine_client.triton as triton_module
+from frontend.engine_client.triton import TritonClient
+from frontend.errors import APIError
+from frontend.ops.context import RequestRecord, close_record, open_record
+from tritonlm import launcher
+
+KEY = "sk-test-0123456789"
+COMPLETION = {"model": "default", "prompt": "Hello", "max_tokens": 4}
+
+
+def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
+    """A certificate for localhost and its key, made with the openssl CLI."""
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def trusting(cert: Path, client: tuple[Path, Path] | None = None) -> ssl.SSLContext:
+    """A client context that trusts `cert` and presents `client` (certificate, key) if given."""
+    context = ssl.create_default_context(cafile=str(cert))
+    if client is not None:
+        context.load_cert_chain(*map(str, client))
+    return context
+
+
+class Frontend:
+    def __init__(self, url: str, log: Path, cert: Path):
+        self.url, self.log, self.cert = url, log, cert
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, verify=trusting(self.cert), timeout=60)
+
+    def access_lines(self) -> list[dict]:
+        lines = [json.loads(line) for line in self.log.read_text().splitlines() if line.startswith("{")]
+        return [entry for entry in lines if entry["logger"] == "tritonlm.access"]
+
+
+@pytest.fixture(scope="module")
+def tls_frontend(servers: Servers, tmp_path_factory) -> Iterator[Frontend]:
+    """A second frontend on the session's tritonserver: HTTPS, API keys, JSON logs, the launcher's
+    own start and readiness check."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl CLI to make a test certificate")
+    directory = tmp_path_factory.mktemp("tls")
+    cert, key = self_signed(directory, "server")
+    ports = launcher.Ports(frontend=free_port(), grpc=servers.ports.grpc)
+    env = {
+        "API_KEY": f"other-key,{KEY}",
+        "SSL_CERTFILE": str(cert),
+        "SSL_KEYFILE": str(key),
+        "LOG_FORMAT": "json",
+    }
+    log = directory / "frontend.log"
+    with mock.patch.dict(os.environ, env):
+        process = launcher.start_frontend(ports, "default", log)
+        try:
+            url, context = launcher.frontend_health(ports)
+            assert url.startswith("https://")
+            launcher.wait_ready(url, process, 60, "frontend", context)
+            yield Frontend(f"https://localhost:{ports.frontend}", log, cert)
+        finally:
+            launcher.stop(process)
+
+
+def test_https_with_an_api_key_serves_generations(tls_frontend: Frontend):
+    with tls_frontend.client() as http:
+        r = http.post("/v1/completions", json=COMPLETION, headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 4
+        assert http.get("/health").status_code == 200  # open without a key
+        assert http.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/", {"inputs": "Hi", "parameters": {"max_new_tokens": 2}}),
+        ("/v1/completions", COMPLETION),
+        ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "Hi"}]}),
+        ("/v1/embeddings", {"input": "Hi"}),
+        ("/serving-endpoints/default/invocations", {"prompt": "Hi"}),
+    ],
+)
+def test_every_api_refuses_a_missing_or_wrong_key_with_401_in_its_format(tls_frontend: Frontend, path, body):
+    with tls_frontend.client() as http:
+        for headers in ({}, {"Authorization": "Bearer sk-wrong"}):
+            r = http.post(path, json=body, headers=headers)
+            assert r.status_code == 401
+            error = r.json()["error"]
+            if path == "/":
+                assert r.json()["error_type"] == "authentication" and "API key" in error
+            else:
+                assert error["code"] == "invalid_api_key" and "API key" in error["message"]
+
+
+def test_plain_http_is_not_served_on_the_tls_port(tls_frontend: Frontend):
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(tls_frontend.url.replace("https", "http") + "/health", timeout=5)
+
+
+def test_json_access_log_has_the_request_id_route_status_tokens_and_times(tls_frontend: Frontend):
+    with tls_frontend.client() as http:
+        body = {**COMPLETION, "stream": True}
+        headers = {"Authorization": f"Bearer {KEY}", "X-Request-Id": "json-log-test-1"}
+        with http.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+            assert r.headers["X-Request-Id"] == "json-log-test-1"
+            assert "[DONE]" in r.read().decode()
+    deadline = time.monotonic() + 5
+    while not (entries := [e for e in tls_frontend.access_lines() if e["request_id"] == "json-log-test-1"]):
+        assert time.monotonic() < deadline, "no access line"
+        time.sleep(0.1)
+    (entry,) = entries
+    assert entry["route"] == "/v1/completions" and entry["status"] == 200 and entry["tokens_out"] == 4
+    assert entry["tokens_in"] > 0 and 0 < entry["ttft_ms"] <= entry["duration_ms"]
+
+
+def test_client_certificates_are_required_with_a_ca(servers: Servers, tmp_path: Path):
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl CLI to make a test certificate")
+    cert, key = self_signed(tmp_path, "server")
+    client_cert, client_key = self_signed(tmp_path, "client")  # self-signed: its own CA
+    ports = launcher.Ports(frontend=free_port(), grpc=servers.ports.grpc)
+    env = {"SSL_CERTFILE": str(cert), "SSL_KEYFILE": str(key), "SSL_CA_CERTS": str(client_cert)}
+    with mock.patch.dict(os.environ, env):
+        process = launcher.start_frontend(ports, "default", tmp_path / "frontend.log")
+        try:
+            health_url, context = launcher.frontend_health(ports)
+            launcher.wait_ready(health_url, process, 60, "frontend", context)  # up, though it refuses us
+            url = f"https://localhost:{ports.frontend}/health"
+            assert httpx.get(url, verify=trusting(cert, (client_cert, client_key))).status_code == 200
+            with pytest.raises(httpx.HTTPError):
+                httpx.get(url, verify=trusting(cert))
+        finally:
+            launcher.stop(process)
+
+
+# ---------------------------------------------------------------------------------------------
+# On the session's frontend (no keys, no TLS)
+
+
+def test_request_ids_are_returned_and_reach_triton(servers: Servers, monkeypatch):
+    r = httpx.post(
+        servers.frontend_url + "/v1/completions", json=COMPLETION, headers={"X-Request-Id": "e2e-7"}
+    )
+    assert r.status_code == 200 and r.headers["X-Request-Id"] == "e2e-7"
+    # Triton names the id in its own error messages: proof that it received it.
+    raw: list[str] = []
+    classify = triton_module.classify_error
+    monkeypatch.setattr(triton_module, "classify_error", lambda m: (raw.append(m), classify(m))[1])
+
+    async def bad_request() -> None:
+        token = open_record(RequestRecord("e2e-triton-id", "POST", "/"))
+        client = TritonClient(servers.grpc_url)
+        try:
+            await client.infer("preprocessing", {"text_input": np.array([[b"x"]], dtype=object)})
+        finally:
+            close_record(token)
+            await client.close()
+
+    with pytest.raises(APIError):
+        asyncio.run(bad_request())
+    assert "[request id: e2e-triton-id]" in raw[0]
+
+
+def test_frontend_metrics_count_requests_and_token_latencies(servers: Servers):
+    url = servers.frontend_url
+    body = {"inputs": "Hi", "parameters": {"max_new_tokens": 5}, "stream": True}
+    assert "data:" in httpx.post(url + "/", json=body, timeout=60).text
+    text = httpx.get(url + "/metrics").text
+
+    def value(prefix: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+    assert value('tritonlm_frontend_requests_total{method="POST",route="/",status="200"}') >= 1
+    assert value('tritonlm_frontend_time_to_first_token_seconds_count{route="/"}') >= 1
+    assert value('tritonlm_frontend_inter_token_latency_seconds_count{route="/"}') >= 4
+    assert value("tritonlm_frontend_streams_open") == 0
+    assert "tritonlm_engine" not in text  # the engine's metrics stay on Triton's port
+    assert "tritonlm_engine" in httpx.get(servers.metrics_url).text
+
+
+def test_body_limit_and_the_4mb_prompt_limit(servers: Servers):
+    url = servers.frontend_url
+    prompt = "a" * (4 * 1024 * 1024 + 1)  # one character over the seeds' limit: 400 naming prompt
+    r = httpx.post(url + "/v1/completions", json={**COMPLETION, "prompt": prompt}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = httpx.post(url + "/", content=b"x" * (32 * 1024 * 1024 + 1), timeout=60)  # the default body limit
+    assert r.status_code == 413 and r.json()["error_type"] == "payload_too_large"
+
+
+def test_fuzzing_the_openapi_schema_finds_no_server_error_and_no_undocumented_status(
+    servers: Servers, tmp_path: Path
+):
+    """Bounded: a fixed seed and few examples per operation (about a minute here)."""
+    st = Path(sys.executable).parent / "st"
+    command = [
+        str(st), "run", f"{servers.frontend_url}/openapi.json",
+        "--checks", "not_a_server_error,status_code_conformance",
+        "--max-examples", "25", "--workers", "2", "--request-timeout", "120", "--seed", "20261122",
+        "--no-color",
+    ]  # fmt: skip
+    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
