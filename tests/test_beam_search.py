@@ -97,7 +97,11 @@ def test_engine_beam_search_matches_transformers_among_other_requests(
     end_id = probe.results()[0].tokens[2]  # met early by the best beam: beams of several lengths
     runner = ModelRunner(
         EngineConfig(
-            str(model_dir), max_num_seqs=max_num_seqs, max_seq_len=64, kv_cache_blocks=kv_cache_blocks
+            str(model_dir),
+            dtype="float32",
+            max_num_seqs=max_num_seqs,
+            max_seq_len=64,
+            kv_cache_blocks=kv_cache_blocks,
         )
     )
     beams = [

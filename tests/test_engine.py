@@ -38,7 +38,7 @@ def test_config_pbtxt_matches_the_contract():
 
 @pytest.fixture(scope="module")
 def runner(model_dir) -> ModelRunner:
-    return ModelRunner(EngineConfig(str(model_dir), max_num_seqs=6, max_seq_len=256))
+    return ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=6, max_seq_len=256))
 
 
 def run_all(runner: ModelRunner, seqs: list[Sequence], stagger: bool = False, tokenizer=None) -> Engine:
@@ -98,7 +98,9 @@ def test_batched_greedy_equals_transformers_generate(runner, greedy_refs):
 def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(model_dir, greedy_refs):
     prompts, refs = greedy_refs
     # 6 blocks of 16 tokens: room for about two of the ten sequences at a time.
-    small = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=8, max_seq_len=96, kv_cache_blocks=6))
+    small = ModelRunner(
+        EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=96, kv_cache_blocks=6)
+    )
     small.cache.workspace = None  # decode attention over gathered blocks (the GPU path) here
     seqs = [sequence(p, 20, SamplingParams()) for p in prompts]
     engine = run_all(small, seqs)
@@ -109,7 +111,7 @@ def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(model
 
 
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir, monkeypatch):
-    runner = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=4, max_seq_len=64))
+    runner = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=64))
     real = runner.forward
     calls = []
 
@@ -132,7 +134,9 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir, mon
 def test_chunked_prefill_gives_the_same_outputs(model_dir, greedy_refs):
     prompts, refs = greedy_refs
     chunked = ModelRunner(
-        EngineConfig(str(model_dir), max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96)
+        EngineConfig(
+            str(model_dir), dtype="float32", max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96
+        )
     )
     seqs = [sequence(p, 20, SamplingParams()) for p in prompts]
     engine = run_all(chunked, seqs)
@@ -146,7 +150,7 @@ def test_a_shared_prefix_is_computed_once_and_outputs_stay_the_same(model_dir, h
     system = torch.randint(5, 4000, (100,), generator=gen).tolist()
     first = sequence(system + [11, 12, 13], 12, SamplingParams())
     second = sequence(system + [21, 22], 12, SamplingParams())
-    cached = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=4, max_seq_len=256))
+    cached = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=256))
     engine = run_all(cached, [first])
     run_all_on(engine, [second])
     assert first.out.cached_tokens == 0
@@ -154,7 +158,9 @@ def test_a_shared_prefix_is_computed_once_and_outputs_stay_the_same(model_dir, h
     assert engine.stats()["prefix_cache_hits"] == 96
     assert second.output_ids == generate(hf_model, second.prompt_ids, 12)
     uncached = ModelRunner(
-        EngineConfig(str(model_dir), max_num_seqs=4, max_seq_len=256, enable_prefix_caching=False)
+        EngineConfig(
+            str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=256, enable_prefix_caching=False
+        )
     )
     again = sequence(list(second.prompt_ids), 12, SamplingParams())
     run_all(uncached, [again])
@@ -182,7 +188,9 @@ def run_all_on(engine: Engine, seqs: list[Sequence]) -> None:
 
 def test_prompt_and_generation_logits_hooks(model_dir, hf_model):
     runner = ModelRunner(
-        EngineConfig(str(model_dir), max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96)
+        EngineConfig(
+            str(model_dir), dtype="float32", max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96
+        )
     )
     prompt = list(range(30, 60))
     seq = sequence(prompt, 4, SamplingParams(return_context_logits=True, return_generation_logits=True))
@@ -198,7 +206,9 @@ def test_prompt_and_generation_logits_hooks(model_dir, hf_model):
 
 
 def test_fork_copies_a_shared_partial_block_before_writing(model_dir, hf_model):
-    runner = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=4, max_seq_len=96, block_size=4))
+    runner = ModelRunner(
+        EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=96, block_size=4)
+    )
     engine = Engine(runner, lambda seq, n: None)
     parent = sequence([5, 6, 7, 8, 9, 10], 8, SamplingParams())  # 1.5 blocks
     engine.add(parent)
@@ -234,7 +244,9 @@ def test_other_decoders_work_through_the_attention_interface(arch, tmp_path):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **config)).eval()
     model.save_pretrained(tmp_path)
-    runner = ModelRunner(EngineConfig(str(tmp_path), max_num_seqs=4, max_num_batched_tokens=16, block_size=4))
+    runner = ModelRunner(
+        EngineConfig(str(tmp_path), dtype="float32", max_num_seqs=4, max_num_batched_tokens=16, block_size=4)
+    )
     prompts = [[3, 4, 5], list(range(10, 40)), [7] * 9]
     seqs = [sequence(p, 10, SamplingParams()) for p in prompts]
     run_all(runner, seqs)
@@ -303,7 +315,9 @@ def test_cancelled_sequence_leaves_within_a_step(runner):
 
 
 def test_a_full_waiting_queue_refuses_requests(model_dir):
-    runner = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=2, max_seq_len=64, max_queue_size=2))
+    runner = ModelRunner(
+        EngineConfig(str(model_dir), dtype="float32", max_num_seqs=2, max_seq_len=64, max_queue_size=2)
+    )
     engine = Engine(runner, lambda seq, n: None)
     assert all(engine.add(sequence([1, 2], 4, SamplingParams())) for _ in range(4))
     assert not engine.add(sequence([1, 2], 4, SamplingParams()))

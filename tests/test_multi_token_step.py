@@ -18,7 +18,7 @@ from tritonlm.worker.model_runner import ModelRunner, StepOutput
 
 @pytest.fixture(scope="module")
 def runner(model_dir) -> ModelRunner:
-    return ModelRunner(EngineConfig(str(model_dir), max_num_seqs=6, max_seq_len=256))
+    return ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=6, max_seq_len=256))
 
 
 @pytest.fixture(scope="module")

@@ -159,7 +159,7 @@ def guided(tokenizer, prompt, params, guide: Guide, max_new: int = 60):
 
 
 def test_constrained_and_free_sequences_share_steps(model_dir, tokenizer):
-    runner = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=8, max_seq_len=128))
+    runner = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=128))
     prompts = [[5 + i, 40, 300 + i] for i in range(4)]
     alone = [sequence(p, 12, SamplingParams()) for p in prompts]
     run(runner, tokenizer, alone)
@@ -202,10 +202,12 @@ def test_preempted_constrained_sequences_give_the_same_output(model_dir, tokeniz
             for i in range(6)
         ]
 
-    roomy = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=8, max_seq_len=96))
+    roomy = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=96))
     reference = batch()
     run(roomy, tokenizer, reference)
-    small = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=8, max_seq_len=96, kv_cache_blocks=8))
+    small = ModelRunner(
+        EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=96, kv_cache_blocks=8)
+    )
     seqs = batch()
     engine = run(small, tokenizer, seqs)
     assert engine.stats()["preemptions"] > 0
@@ -252,7 +254,7 @@ def test_api_fields_become_one_guide(grammars, tokenizer):
 
 
 def test_a_cancelled_constrained_sequence_retires(model_dir, tokenizer):
-    runner = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=4, max_seq_len=64))
+    runner = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=64))
     params = SamplingParams(end_id=tokenizer.eos_token_id)
     seq = sequence([5, 6], 40, params, guide=Guide("regex", "[a-z]{30}"), is_cancelled=lambda: True)
     run(runner, tokenizer, [seq])
@@ -260,7 +262,7 @@ def test_a_cancelled_constrained_sequence_retires(model_dir, tokenizer):
 
 
 def test_a_slow_compile_holds_only_its_own_request(model_dir, tokenizer, monkeypatch):
-    runner = ModelRunner(EngineConfig(str(model_dir), max_num_seqs=4, max_seq_len=64))
+    runner = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=64))
     finished: list[str] = []
     release = threading.Event()
     real = Grammars._build

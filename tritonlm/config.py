@@ -39,6 +39,17 @@ def _setting(default: Any, shown: str, meaning: str, aliases: tuple[str, ...] = 
     return field(default=default, metadata={"shown": shown, "meaning": meaning, "aliases": aliases})
 
 
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX), as vLLM's CPU backend
+    asks before it picks bfloat16: there a bf16 matmul runs 2-6x faster than fp32, elsewhere slower."""
+    try:
+        with open(cpuinfo) as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model_dir: str = _setting("", "`MODEL_DIR` env", "checkpoint directory")
@@ -46,8 +57,9 @@ class EngineConfig:
     dtype: str = _setting(
         "auto",
         "`auto`",
-        "float32 on CPU; on CUDA the checkpoint's float16/bfloat16, else bfloat16; or one of "
-        "`float32`, `bfloat16`, `float16`",
+        "on CPU bfloat16 where the CPU multiplies it natively (AVX-512 BF16 or AMX), else float32; "
+        "on CUDA the checkpoint's float16/bfloat16, else bfloat16; or one of `float32`, `bfloat16`, "
+        "`float16`",
     )
     max_seq_len: int = _setting(
         0,
@@ -174,8 +186,8 @@ class EngineConfig:
 
         if self.dtype != "auto":
             return getattr(torch, self.dtype)
-        if device.type == "cpu":  # half precision matmuls are slow or missing on most CPUs
-            return torch.float32
+        if device.type == "cpu":  # half precision matmuls are slow or missing on most other CPUs
+            return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
         return checkpoint_dtype if checkpoint_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
 
     def describe(self) -> str:

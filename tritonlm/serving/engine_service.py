@@ -21,6 +21,7 @@ from tritonlm.engine.loop import Engine
 from tritonlm.engine.sequence import Sequence
 from tritonlm.errors import overloaded_message
 from tritonlm.serving import contract, triton_glue
+from tritonlm.serving.coalesce import coalesce
 from tritonlm.serving.engine_inputs import InvalidRequest, parse_request
 from tritonlm.serving.engine_outputs import ResponseBuilder
 from tritonlm.serving.metrics import EngineMetrics
@@ -98,34 +99,49 @@ class EngineService:
         return None
 
     def _send_loop(self) -> None:
-        while (item := self.outbox.get()) is not None:
-            seq, first, end, finish_reason = item
-            done = bool(finish_reason)
-            streaming = seq.request.streaming
-            if not streaming and not done:
-                continue
-            first = first if streaming else 0
-            sender = self.senders[seq.key]
-            wanted = self.wanted.pop(seq.key, None) if done else self.wanted.get(seq.key)
-            if seq.out.error:
-                self.responses.forget(seq)
-                response = pb_utils.InferenceResponse(error=pb_utils.TritonError(seq.out.error))
-            else:
-                tensors = self.responses.build(seq, first, end, finish_reason, wanted)
-                response = pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]
-                )
-            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if done else 0
-            # After the final response Triton frees the request's response factory, and asking it
-            # `is_cancelled` then crashes the server: the watcher must never hold a sender being closed.
-            with self.senders_lock if done else contextlib.nullcontext():
-                if done:
-                    del self.senders[seq.key]
-                    self.cancelled.discard(seq.key)
-                try:
-                    sender.send(response, flags=flags)
-                except Exception as error:  # the client is gone; the engine already dropped it
-                    log.info("could not send a response for request %d: %s", seq.key, error)
+        while True:
+            pending = self._take_pending()
+            for item in pending:
+                if item is not None:
+                    self._send(*item)
+            if None in pending:
+                return
+
+    def _take_pending(self) -> list[tuple[Sequence, int, int, str] | None]:
+        """Everything in the outbox (waiting for the first), coalesced per stream."""
+        items = [self.outbox.get()]
+        with contextlib.suppress(queue.Empty):
+            while True:
+                items.append(self.outbox.get_nowait())
+        return coalesce(items)
+
+    def _send(self, seq: Sequence, first: int, end: int, finish_reason: str) -> None:
+        done = bool(finish_reason)
+        streaming = seq.request.streaming
+        if not streaming and not done:
+            return
+        first = first if streaming else 0
+        sender = self.senders[seq.key]
+        wanted = self.wanted.pop(seq.key, None) if done else self.wanted.get(seq.key)
+        if seq.out.error:
+            self.responses.forget(seq)
+            response = pb_utils.InferenceResponse(error=pb_utils.TritonError(seq.out.error))
+        else:
+            tensors = self.responses.build(seq, first, end, finish_reason, wanted)
+            response = pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor(name, value) for name, value in tensors.items()]
+            )
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if done else 0
+        # After the final response Triton frees the request's response factory, and asking it
+        # `is_cancelled` then crashes the server: the watcher must never hold a sender being closed.
+        with self.senders_lock if done else contextlib.nullcontext():
+            if done:
+                del self.senders[seq.key]
+                self.cancelled.discard(seq.key)
+            try:
+                sender.send(response, flags=flags)
+            except Exception as error:  # the client is gone; the engine already dropped it
+                log.info("could not send a response for request %d: %s", seq.key, error)
 
     def _cancel_loop(self) -> None:
         """Asks Triton every 0.2 s which requests were cancelled. Each `is_cancelled` is a round
