@@ -66,6 +66,7 @@ class Job:
     truncate_to_fit: bool = False  # Databricks' error_behavior "truncate"
     stream: bool = False
     stream_usage: bool = True  # usage on the last chunk of a stream
+    lora_name: str | None = None  # a LoRA adapter the engine loaded at start-up (lora_modules)
     # The API's names of the prompt and the token limit, for errors the models report.
     prompt_param: str = "prompt"
     max_tokens_param: str = "max_tokens"
@@ -126,6 +127,8 @@ class Job:
             values["skip_special_tokens"] = False
         if self.include_stop_str_in_output:
             values["include_stop_str_in_output"] = True
+        if self.lora_name is not None:
+            values["lora_name"] = self.lora_name
         if self.with_logprobs:
             values["return_log_probs"] = True
             if self.logprobs:

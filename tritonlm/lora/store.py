@@ -91,7 +91,8 @@ class LoraStore:
                 adapter = self.cache.get(task_id)
                 if adapter is None:  # TensorRT-LLM's words
                     raise InvalidRequest(
-                        f"LoRA task {task_id} not found in cache. Please send LoRA weights with request"
+                        f"lora_task_id: LoRA task {task_id} not found in cache. Please send LoRA weights "
+                        "with request"
                     )
                 self.cache.move_to_end(task_id)
             else:
