@@ -178,3 +178,9 @@ def test_fused_attn_qkv_rows_adapt_q_k_and_v(runner):
     assert set(adapter.weights) == {(1, "q_proj"), (1, "k_proj"), (1, "v_proj")}
     np.testing.assert_array_equal(adapter.weights[(1, "k_proj")][0].numpy(), a)
     np.testing.assert_array_equal(adapter.weights[(1, "k_proj")][1].numpy(), b[outs[0] : outs[0] + outs[1]])
+
+
+def test_a_malformed_lora_modules_setting_fails_as_a_setting():
+    with pytest.raises(ConfigError, match="lora_modules: entry 'oops'"):
+        EngineConfig.from_parameters({}, {"LORA_MODULES": "a=/x,oops"})
+    assert EngineConfig.from_parameters({"lora_modules": "a=/x"}, {}).lora_modules == "a=/x"

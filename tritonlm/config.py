@@ -217,6 +217,13 @@ class EngineConfig:
             "watermark_delta",
             "finite and >= 0",
         )
+        if self.lora_modules:  # the format only; the adapters themselves load with the engine
+            from tritonlm.lora.format import parse_lora_modules
+
+            try:
+                parse_lora_modules(self.lora_modules)
+            except ValueError as error:
+                raise ConfigError(f"lora_modules: {error}") from None
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "

@@ -42,11 +42,7 @@ class LoraStore:
         self.cache: OrderedDict[int, LoraAdapter] = OrderedDict()  # task id -> adapter, oldest first
         self.lock = threading.Lock()
         self.named: dict[str, LoraAdapter] = {}
-        try:
-            modules = parse_lora_modules(config.lora_modules)
-        except ValueError as error:
-            raise ConfigError(f"lora_modules: {error}") from None
-        for name, path in modules.items():
+        for name, path in parse_lora_modules(config.lora_modules).items():  # EngineConfig checked it
             try:
                 weights, lora_config = peft_to_tensors(path)
                 self.named[name] = build_adapter(name, weights, lora_config, shapes, dtype, device)
