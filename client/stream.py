@@ -4,6 +4,7 @@ and report time to first token and per-token latency.
     python -m client.stream --text "Hello" --max-tokens 32
     python -m client.stream --model engine --ids 1 2 3 --max-tokens 16 --param temperature=0.7 \
         --param runtime_top_p=0.9
+    python -m client.stream --text "Hello" --lora-dir converted/ --lora-task-id 7   # then the id alone
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--ids", type=int, nargs="+")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--param", action="append", default=[], help="NAME=VALUE, any input of the model")
+    parser.add_argument("--lora-task-id", type=int, help="a LoRA task: cached, or sent with --lora-dir")
+    parser.add_argument("--lora-dir", help="the task's tensors (`python -m client.lora PEFT_DIR OUT_DIR`)")
     args = parser.parse_args(argv)
 
     if args.model == "ensemble":
@@ -105,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.param:
         name, _, text = item.partition("=")
         values[name] = _value(text)
+    if args.lora_task_id is not None:
+        values["lora_task_id"] = np.uint64(args.lora_task_id)
+    if args.lora_dir:
+        from client.lora import load
+
+        values["lora_weights"], values["lora_config"] = load(args.lora_dir)
 
     client = StreamClient(args.url)
     start = last = time.perf_counter()

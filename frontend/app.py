@@ -21,7 +21,9 @@ from frontend.openai_api import routes as openai_api
 from frontend.ops import install as install_ops
 from frontend.ops.settings import OpsSettings
 from frontend.tgi import routes as tgi
+from tritonlm.config import EngineConfig
 from tritonlm.embedding import config as embedding_config
+from tritonlm.lora.format import parse_lora_modules
 
 # Server setting: stream chunks carry the text so far instead of the new text (seed 001's second
 # streaming example, MindIE's fullTextEnabled), and the last chunk a `full_text` field.
@@ -35,13 +37,16 @@ def create_app(
     embed_model_name: str | None = None,
     stream_full_text: bool | None = None,
     ops: OpsSettings | None = None,
+    lora_adapters: list[str] | None = None,
 ) -> FastAPI:
     """`triton`: an object with TritonClient's `stream`/`infer`/`ready` (tests pass a fake);
     by default a gRPC client for `triton_url`, opened on start-up inside the server's event loop.
     `embed_model_name`: the embedding model's id, by default `embedding_config.served_name()`.
     `stream_full_text`: cumulative stream text for the OpenAI routes; None: the
     TRITONLM_STREAM_FULL_TEXT environment variable ("1" or "true" turns it on).
-    `ops`: API keys, body limit, … (frontend/ops); None: from the environment."""
+    `ops`: API keys, body limit, … (frontend/ops); None: from the environment.
+    `lora_adapters`: the LoRA adapters' names; None: the engine's `lora_modules` setting, read on
+    start-up (`engine_lora_adapters`)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -49,6 +54,8 @@ def create_app(
             yield
             return
         client = TritonClient(triton_url)
+        if lora_adapters is None:
+            app.state.lora_adapters = await engine_lora_adapters(client)
         # The ensemble's steps run from here, so a client that leaves cancels the engine's request.
         app.state.triton = Pipeline(client)
         try:
@@ -59,6 +66,7 @@ def create_app(
     app = FastAPI(title="tritonlm", lifespan=lifespan)
     app.state.model_name = model_name
     app.state.embed_model_name = embed_model_name or embedding_config.served_name()
+    app.state.lora_adapters = tuple(lora_adapters or ())
     app.state.created = int(time.time())
     if stream_full_text is None:
         stream_full_text = os.environ.get(STREAM_FULL_TEXT_ENV, "").lower() in ("1", "true", "yes")
@@ -76,16 +84,29 @@ def create_app(
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
-        return {
-            "object": "list",
-            "data": [
-                {"id": name, "object": "model", "created": request.app.state.created, "owned_by": "tritonlm"}
-                for name in served(request)
-            ],
-        }
+        state = request.app.state
+        cards = []
+        for name in served(request):
+            card = {"id": name, "object": "model", "created": state.created, "owned_by": "tritonlm"}
+            if name in state.lora_adapters:  # vLLM's way: an adapter's parent is its base model
+                card["parent"] = state.model_name
+            cards.append(card)
+        return {"object": "list", "data": cards}
 
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
     app.include_router(databricks.router)  # before embeddings: its invocations route serves all tasks
     app.include_router(embeddings.router)
     return app
+
+
+async def engine_lora_adapters(client: TritonClient) -> tuple[str, ...]:
+    """The names of the engine's LoRA adapters: its `lora_modules` setting as the engine reads it,
+    from its config.pbtxt parameter (asked of Triton) and this process's environment, which the
+    launcher shares with tritonserver (LORA_MODULES, TRITONLM_LORA_MODULES). A server without the
+    engine yet serves none."""
+    try:
+        parameters = await client.model_parameters("engine")
+    except APIError:
+        parameters = {}
+    return tuple(parse_lora_modules(EngineConfig.from_parameters(parameters).lora_modules))

@@ -1,8 +1,9 @@
 """The two served models and which requests each answers: one helper checks a request's model name.
 
-`app.state.model_name` is the generative model (TGI, chat, completions); `app.state.embed_model_name`
-the embedding model. Every OpenAI or Databricks route resolves the name it was given here, so a
-request for the wrong kind of model gets the same clear 4xx everywhere.
+`app.state.model_name` is the generative model (TGI, chat, completions); `app.state.lora_adapters`
+the LoRA adapters served on it by name (each also a generative model: the name selects the adapter);
+`app.state.embed_model_name` the embedding model. Every OpenAI or Databricks route resolves the name
+it was given here, so a request for the wrong kind of model gets the same clear 4xx everywhere.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ _CANNOT = {"generate": "generate text", "embed": "make embeddings"}
 def served(request: Request) -> dict[str, Task]:
     """Served model names and their task, the generative model first."""
     state = request.app.state
-    return {state.model_name: "generate", state.embed_model_name: "embed"}
+    adapters: dict[str, Task] = {name: "generate" for name in state.lora_adapters}
+    return {state.model_name: "generate", **adapters, state.embed_model_name: "embed"}
+
+
+def adapter_of(request: Request, model: str) -> str | None:
+    """The LoRA adapter a resolved model name selects (None: the base model)."""
+    return model if model in request.app.state.lora_adapters else None
 
 
 def resolve_model(request: Request, name: str | None, task: Task) -> str:
@@ -32,6 +39,8 @@ def resolve_model(request: Request, name: str | None, task: Task) -> str:
     wanted = next(n for n, t in models.items() if t == task)
     if name is None or name == wanted:
         return wanted
+    if models.get(name) == task:  # a LoRA adapter of the generative model
+        return name
     if name in models:
         raise APIError(
             400,

@@ -78,7 +78,8 @@ def running_servers(model_dir: Path, settings: dict[str, str]) -> Iterator[Serve
     frontend = None
     try:
         launcher.wait_ready(f"http://127.0.0.1:{ports.http}/v2/health/ready", triton, 300, "tritonserver")
-        frontend = launcher.start_frontend(ports, "default", log_dir / "frontend.log")
+        with mock.patch.dict(os.environ, settings):  # the frontend reads lora_modules as the engine does
+            frontend = launcher.start_frontend(ports, "default", log_dir / "frontend.log")
         launcher.wait_ready(f"http://127.0.0.1:{ports.frontend}/health", frontend, 60, "frontend")
         yield Servers(ports, model_dir, "default", log_dir)
     except Exception:

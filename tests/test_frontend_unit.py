@@ -640,3 +640,27 @@ def test_model_errors_are_named_in_the_callers_api():
     assert named(message, max_tokens_param="max_completion_tokens").param == "max_completion_tokens"
     assert named("input_ids: the prompt has 600 tokens", **tgi).message.startswith("inputs: ")
     assert named("something else").param is None
+
+
+# ---------------------------------------------------------------------------------------------
+# LoRA adapters by name: each API's field becomes the engine's lora_name (end to end in test_lora_serving)
+def test_adapter_names_select_lora_name_in_every_api():
+    fake = FakeTriton()
+    client = TestClient(create_app("unused:8001", "test-model", triton=fake, lora_adapters=["sql"]))
+    cards = client.get("/v1/models").json()["data"]
+    assert [(c["id"], c.get("parent")) for c in cards][:2] == [("test-model", None), ("sql", "test-model")]
+    r = client.post("/", json={"inputs": "Hi", "parameters": {"adapter_id": "sql"}})
+    assert r.status_code == 200 and ensemble_inputs(fake)["lora_name"].tolist() == [b"sql"]
+    client.post("/", json={"inputs": "Hi", "parameters": {"adapter_id": "None"}})
+    assert "lora_name" not in ensemble_inputs(fake)
+    r = client.post("/v1/completions", json={"model": "sql", "prompt": "Hi", "max_tokens": 1})
+    assert r.status_code == 200 and r.json()["model"] == "sql"
+    assert ensemble_inputs(fake)["lora_name"].tolist() == [b"sql"]
+    client.post("/serving-endpoints/sql/invocations", json={"messages": [{"role": "user", "content": "Hi"}]})
+    assert ensemble_inputs(fake)["lora_name"].tolist() == [b"sql"]
+    r = client.post("/", json={"inputs": "Hi", "parameters": {"adapter_id": "nope"}})
+    assert (
+        r.status_code == 422 and "parameters.adapter_id" in r.json()["error"] and "sql" in r.json()["error"]
+    )
+    r = client.post("/v1/embeddings", json={"model": "sql", "input": "Hi"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"

@@ -115,6 +115,20 @@ class EngineConfig:
         aliases=("WATERMARK_DELTA",),
     )
 
+    lora_modules: str = _setting(
+        "",
+        "none",
+        "LoRA adapters served by name, vLLM's form `name=/path/to/peft_adapter,…` (PEFT directories, "
+        "loaded at start-up); `LORA_MODULES` env is read too",
+        aliases=("LORA_MODULES",),
+    )
+    lora_cache_max_adapters: int = _setting(
+        16, "16", "adapters sent by `lora_task_id` kept in the LoRA cache (least recently used evicted)"
+    )
+    lora_cache_max_bytes: int = _setting(
+        1 << 30, "1073741824 (1 GiB)", "bytes of weights in the LoRA cache (0: no bound)"
+    )
+
     def __post_init__(self) -> None:
         self._check()
 
@@ -205,7 +219,8 @@ class EngineConfig:
         need(self.max_seq_len == 0 or self.max_seq_len >= 2, "max_seq_len", "0 (from the checkpoint) or >= 2")
         for name in ("max_num_seqs", "block_size"):
             need(getattr(self, name) >= 1, name, ">= 1")
-        for name in ("kv_cache_blocks", "max_queue_size"):
+        need(self.lora_cache_max_adapters >= 1, "lora_cache_max_adapters", ">= 1")
+        for name in ("kv_cache_blocks", "max_queue_size", "lora_cache_max_bytes"):
             need(getattr(self, name) >= 0, name, ">= 0")
         need(0.0 <= self.kv_cache_memory_fraction <= 1.0, "kv_cache_memory_fraction", "in [0, 1]")
         need(0.0 < self.watermark_gamma <= 1.0, "watermark_gamma", "in (0, 1]")
@@ -214,6 +229,13 @@ class EngineConfig:
             "watermark_delta",
             "finite and >= 0",
         )
+        if self.lora_modules:  # the format only; the adapters themselves load with the engine
+            from tritonlm.lora.format import parse_lora_modules
+
+            try:
+                parse_lora_modules(self.lora_modules)
+            except ValueError as error:
+                raise ConfigError(f"lora_modules: {error}") from None
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least max_num_seqs "

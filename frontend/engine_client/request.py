@@ -79,6 +79,7 @@ class Job:
     stream: bool = False
     stream_usage: bool = True  # usage on the last chunk of a stream
     guide: Guide | None = None  # constrain the output (guided decoding)
+    lora_name: str | None = None  # a LoRA adapter the engine loaded at start-up (lora_modules)
     # The API's names of the prompt, the token limit and the guide, for errors the models report.
     prompt_param: str = "prompt"
     max_tokens_param: str = "max_tokens"
@@ -143,6 +144,8 @@ class Job:
         if self.guide is not None:
             values["guided_decoding_guide_type"] = self.guide.type
             values["guided_decoding_guide"] = self.guide.text
+        if self.lora_name is not None:
+            values["lora_name"] = self.lora_name
         if self.with_logprobs:
             values["return_log_probs"] = True
             if self.logprobs:

@@ -140,6 +140,15 @@ class TritonClient:
             return False
         return all(checks)
 
+    async def model_parameters(self, model: str) -> dict[str, str]:
+        """The string parameters of a model's config as Triton loaded it."""
+        try:
+            config = await self._client.get_model_config(model, as_json=True)
+        except InferenceServerException as exc:
+            raise _error(str(exc)) from None
+        params = config.get("config", {}).get("parameters", {})
+        return {k: v.get("string_value", "") for k, v in params.items()}
+
     async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
             result = await self._client.infer(model, _inputs(model, inputs), request_id=request_id())

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 from frontend.engine_client.request import Job
 from frontend.engine_client.steps import Prompt, Step, first, prompt_tokens
 from frontend.errors import APIError, openai_body
-from frontend.models import resolve_model
+from frontend.models import adapter_of, resolve_model
 from frontend.openai_api.format import Meta, Stream, response
 from frontend.openai_api.jobs import complete_all, stream_all
 from frontend.openai_api.schema import ChatCompletionRequest, CompletionRequest
@@ -47,6 +47,8 @@ async def serve(request: Request, meta: Meta, jobs: list[Job]) -> Response:
     """Run `jobs` (answered together) and respond: one JSON body, or an SSE stream that ends with
     `data: [DONE]`. Whatever the client leaves early is cancelled in Triton."""
     triton = request.app.state.triton
+    for job in jobs:  # the model name may be a LoRA adapter's
+        job.lora_name = adapter_of(request, meta.model)
     prompts: list[Prompt | None] = [None] * len(jobs)
     if any(_lists_prompt(meta, job) for job in jobs):
         prompts = await until_disconnected(request, _prompts(triton, meta, jobs))

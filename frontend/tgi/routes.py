@@ -29,7 +29,7 @@ from frontend.engine_client.steps import (
 )
 from frontend.errors import APIError
 from frontend.streaming import EventStream, sse, until_disconnected
-from frontend.tgi.schema import DEFAULT_MAX_NEW_TOKENS, GenerateRequest
+from frontend.tgi.schema import ADAPTER_NONE, DEFAULT_MAX_NEW_TOKENS, GenerateRequest
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -82,6 +82,22 @@ def plan(req: GenerateRequest) -> Job:
     )
 
 
+def _adapter(request: Request, adapter_id: str | None) -> str | None:
+    """The LoRA adapter `parameters.adapter_id` names (None or "None": the base model)."""
+    if adapter_id is None or adapter_id == ADAPTER_NONE:
+        return None
+    adapters = request.app.state.lora_adapters
+    if adapter_id not in adapters:
+        has = f"the LoRA adapters {', '.join(adapters)}" if adapters else "no LoRA adapters"
+        raise APIError(
+            422,
+            f'parameters.adapter_id: adapter {adapter_id!r} not found; this server has {has} (or "None": '
+            "the base model)",
+            param="parameters.adapter_id",
+        )
+    return adapter_id
+
+
 def _finish(reason: str) -> str:
     return FINISH_REASONS.get(reason, reason)
 
@@ -107,6 +123,7 @@ async def generate_text(
 ) -> Response:
     p = req.parameters
     job = plan(req)
+    job.lora_name = _adapter(request, p.adapter_id)
     if req.stream:
         upstream = steps(triton, job)
         step = await until_disconnected(request, first(upstream))

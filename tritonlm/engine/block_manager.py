@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 from tritonlm.engine.sequence import Sequence
 
-# Key of a full block: (hash of the previous block's key, or -1 for the first block; its tokens,
-# with an embedding row's content key (bytes) in place of its placeholder id).
+# Key of a full block: (hash of the previous block's key, or for the first block `_root`: -1, or the
+# request's LoRA adapter, whose keys and values differ; its tokens, with an embedding row's content
+# key (bytes) in place of its placeholder id).
 BlockKey = tuple[int, tuple[int | bytes, ...]]
 
 
@@ -93,7 +94,7 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.needs_prompt_logits:
             return []
         hits = []
-        parent = -1
+        parent = _root(seq)
         for i in range((seq.num_tokens - 1) // self.block_size):
             key = self._key(seq, i, parent)
             block = self.cached.get(key)
@@ -148,7 +149,7 @@ class BlockManager:
             return
         upto = min(upto, seq.num_tokens)
         for i in range(len(seq.block_hashes), upto // self.block_size):
-            key = self._key(seq, i, seq.block_hashes[i - 1] if i else -1)
+            key = self._key(seq, i, seq.block_hashes[i - 1] if i else _root(seq))
             seq.block_hashes.append(hash(key))
             block = seq.block_table[i]
             if key not in self.cached and self.block_key[block] is None:
@@ -235,3 +236,10 @@ class BlockManager:
                 self.evictable[block] = None
             else:
                 self.free_plain.append(block)
+
+
+def _root(seq: Sequence) -> int:
+    """The "previous block" of a sequence's first block: its LoRA adapter changes every key and value,
+    so prompts with different adapters never share blocks."""
+    lora = seq.request.lora
+    return -1 if lora is None else hash(("lora", lora.uid))

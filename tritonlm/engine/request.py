@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tritonlm.lora.adapter import LoraAdapter
 from tritonlm.sampling.params import SamplingParams
 
 _keys = itertools.count(1)
@@ -92,7 +93,7 @@ class Request:
     arrival: float = field(default_factory=time.perf_counter)
     prompt_embeds: PromptEmbeds | None = None  # rows fed instead of the ids at some prompt positions
     guide: Guide | None = None  # structured output: what the output must match
-
+    lora: LoraAdapter | None = None  # its LoRA adapter (tritonlm/lora), held until its final response
 
     @property
     def needs_prompt_logits(self) -> bool:

@@ -74,9 +74,15 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     Tensor("stop_strings", "BYTES", (-1,)),
     Tensor("prompt_embedding_table", "FP16", (-1, -1)),
     _scalar("prompt_vocab_size", "INT32"),
+    # LoRA (tritonlm/lora): TensorRT-LLM's task-id cache. lora_weights is FP32 whatever the model's
+    # dtype (exact for every model; converted to the model's dtype once, when cached): rows of
+    # flatten(A[r, in]) then flatten(B[out, r] * scale), zero-padded; lora_config rows are
+    # [module_id, layer_idx, adapter_size] (module ids: tritonlm/lora/format.py).
     _scalar("lora_task_id", "UINT64"),
     Tensor("lora_weights", "FP32", (-1, -1)),
     Tensor("lora_config", "INT32", (-1, 3)),
+    # Extension: an adapter loaded at start-up (lora_modules), by name; what the HTTP APIs send.
+    _scalar("lora_name", "BYTES"),
     _scalar("return_log_probs", "BOOL", False),
     _scalar("return_context_logits", "BOOL", False),
     _scalar("return_generation_logits", "BOOL", False),
@@ -105,9 +111,6 @@ GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 ENGINE_UNIMPLEMENTED: tuple[str, ...] = (
     "prompt_embedding_table",
     "prompt_vocab_size",
-    "lora_task_id",
-    "lora_weights",
-    "lora_config",
     "draft_input_ids",
     "draft_logits",
 )
@@ -264,6 +267,10 @@ ENSEMBLE_INPUTS: tuple[tuple[Tensor, str], ...] = (
     (_scalar("truncate", "INT32"), "preprocessing.truncate"),
     (_scalar("truncate_to_fit", "BOOL"), "preprocessing.truncate_to_fit"),
     (_scalar("stream", "BOOL"), "engine.streaming"),
+    (_scalar("lora_task_id", "UINT64"), "engine.lora_task_id"),
+    (Tensor("lora_weights", "FP32", (-1, -1)), "engine.lora_weights"),
+    (Tensor("lora_config", "INT32", (-1, 3)), "engine.lora_config"),
+    (_scalar("lora_name", "BYTES"), "engine.lora_name"),
     (_scalar("beam_width", "INT32"), "engine.beam_width"),
     (_scalar("temperature", "FP32"), "engine.temperature"),
     (_scalar("top_k", "INT32"), "engine.runtime_top_k"),

@@ -9,6 +9,7 @@ import torch
 
 from tritonlm.engine.request import Guide, Request
 from tritonlm.errors import InvalidRequest
+from tritonlm.lora.store import LORA_TENSORS, LoraStore
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.serving import contract
 from tritonlm.text.preprocess import as_text, strings
@@ -48,9 +49,15 @@ def parse_word_list(tensors: dict[str, np.ndarray], name: str, vocab_size: int) 
 
 
 def parse_request(
-    tensors: dict[str, np.ndarray], vocab_size: int, max_seq_len: int, text_wanted: bool = False
+    tensors: dict[str, np.ndarray],
+    vocab_size: int,
+    max_seq_len: int,
+    text_wanted: bool = False,
+    adapters: LoraStore | None = None,
 ) -> Request:
-    """`text_wanted`: the client asked for text outputs (the engine then makes them as it goes)."""
+    """`text_wanted`: the client asked for text outputs (the engine then makes them as it goes).
+    `adapters`: where the request's LoRA adapter comes from; it is acquired last, once everything
+    else is valid, and the caller releases it when the request is over."""
     unimplemented = [n for n in contract.ENGINE_UNIMPLEMENTED if n in tensors]
     _check(not unimplemented, f"{', '.join(unimplemented)}: not supported by this engine yet")
     beam_width = _scalar(tensors, "beam_width")
@@ -138,7 +145,14 @@ def parse_request(
         bias = tensors["embedding_bias"].reshape(-1)
         _check(bias.size == vocab_size, f"embedding_bias: expected {vocab_size} values, got {bias.size}")
         params.embedding_bias = torch.from_numpy(bias.astype(np.float32))
+    lora = None
+    if adapters is not None:
+        lora = adapters.acquire(tensors)
+    else:
+        given = [n for n in LORA_TENSORS if n in tensors]
+        _check(not given, f"{', '.join(given)}: this engine serves no LoRA adapters")
     return Request(
+        lora=lora,
         prompt_ids=tuple(ids.tolist()),
         max_new_tokens=max_new,
         params=params,

@@ -20,6 +20,7 @@ from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.sequence import Sequence
 from tritonlm.errors import overloaded_message
+from tritonlm.lora.store import LoraCacheFull, LoraStore
 from tritonlm.serving import contract, triton_glue
 from tritonlm.serving.coalesce import coalesce
 from tritonlm.serving.engine_inputs import InvalidRequest, parse_request
@@ -36,6 +37,9 @@ class EngineService:
     def __init__(self, args: dict) -> None:
         config = EngineConfig.from_parameters(triton_glue.parameters(args))
         self.runner = ModelRunner(config)
+        self.adapters = LoraStore(
+            self.runner.config, self.runner.lora.shapes, self.runner.dtype, self.runner.device
+        )
         self.tokenizer = load_tokenizer(self.runner.config.model_dir)
         self.responses = ResponseBuilder(self.tokenizer)
         # (sequence, first token, end token, finish reason) as they were when the engine reported them
@@ -76,11 +80,17 @@ class EngineService:
                     self.runner.vocab_size,
                     self.runner.config.max_seq_len,
                     text_wanted=not wanted or bool(wanted & TEXT_NAMES),
+                    adapters=self.adapters,
                 )
             except InvalidRequest as error:
                 sender.send(
                     triton_glue.error_response(error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
                 )
+                continue
+            except LoraCacheFull as error:  # like a full queue: retry later
+                full = pb_utils.TritonError(str(error), pb_utils.TritonError.UNAVAILABLE)
+                final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                sender.send(pb_utils.InferenceResponse(error=full), flags=final)
                 continue
             seq = Sequence(parsed, is_cancelled=lambda key=parsed.key: key in self.cancelled)
             self.senders[seq.key] = sender
@@ -88,6 +98,7 @@ class EngineService:
                 self.wanted[seq.key] = wanted
             if not self.engine.add(seq):  # the waiting queue is full: refuse now, do not queue
                 self.wanted.pop(seq.key, None)
+                self.adapters.release(parsed.lora)
                 message = overloaded_message(self.engine.stats()["waiting"])
                 error = pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE)
                 with self.senders_lock:  # see _send_loop
@@ -138,6 +149,7 @@ class EngineService:
             if done:
                 del self.senders[seq.key]
                 self.cancelled.discard(seq.key)
+                self.adapters.release(seq.request.lora)
             try:
                 sender.send(response, flags=flags)
             except Exception as error:  # the client is gone; the engine already dropped it

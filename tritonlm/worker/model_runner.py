@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.sequence import Sequence
+from tritonlm.lora.layers import LoraLayers
 from tritonlm.worker import kv_cache, step_inputs
 from tritonlm.worker.decode_workspace import DecodeWorkspace
 from tritonlm.worker.kv_cache import PagedKVCache, ShapeProbe
@@ -59,6 +60,7 @@ class ModelRunner:
             config.model_dir, dtype=self.dtype, attn_implementation=kv_cache.register(self.cache)
         ).to(self.device)
         self.model.eval()
+        self.lora = LoraLayers(self.model)  # adapters' hooks, installed when one first runs
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
 
         shapes = self._probe_shapes()
@@ -121,18 +123,23 @@ class ModelRunner:
         keep, spans, all_rows = _logits_rows(step.order, num_new, sample, keep_all)
 
         self.cache.layout = step.layout
+        # Which packed rows use which LoRA adapter (the hooks add them inside the forward).
+        lora = self.lora.step(
+            [seqs[i].request.lora for i in step.order], [num_new[i] for i in step.order], self.device
+        )
         try:
             ids = step.input_ids.to(self.device)[None]
             if step.embed_at:
                 inputs = {"inputs_embeds": self._embed(ids, step.embed_at, step.embed_rows)}
             else:  # the usual case: no embedding rows, the model looks the ids up itself
                 inputs = {"input_ids": ids}
-            out = self.model(
-                **inputs,
-                position_ids=step.position_ids.to(self.device)[None],
-                use_cache=False,
-                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
-            )
+            with lora:
+                out = self.model(
+                    **inputs,
+                    position_ids=step.position_ids.to(self.device)[None],
+                    use_cache=False,
+                    logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
+                )
         finally:
             self.cache.layout = None
         logits = out.logits[0]

@@ -1,0 +1,115 @@
+"""TensorRT-LLM's LoRA tensors, and PEFT adapter directories turned into them.
+
+`lora_config` has one row `[module_id, layer_idx, adapter_size]` per adapted projection of a layer;
+the same row of `lora_weights` holds `flatten(A[r, in])` then `flatten(B[out, r] · scale)`, zero-padded
+to the longest row. Module ids are TensorRT-LLM's (`LoraManager.LORA_MODULE_IDS`), and Hugging Face
+projection names map to them as TensorRT-LLM's own converter (`examples/hf_lora_convert.py`) maps
+them: note up_proj → mlp_gate and gate_proj → mlp_h_to_4h.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+MODULE_IDS: dict[str, int] = {
+    "attn_qkv": 0,
+    "attn_q": 1,
+    "attn_k": 2,
+    "attn_v": 3,
+    "attn_dense": 4,
+    "mlp_h_to_4h": 5,
+    "mlp_4h_to_h": 6,
+    "mlp_gate": 7,
+}
+MODULE_NAMES = {v: k for k, v in MODULE_IDS.items()}
+# Hugging Face (Llama-family) projection -> TensorRT-LLM module, as hf_lora_convert.py maps them.
+HF_TO_MODULE: dict[str, str] = {
+    "q_proj": "attn_q",
+    "k_proj": "attn_k",
+    "v_proj": "attn_v",
+    "o_proj": "attn_dense",
+    "gate_proj": "mlp_h_to_4h",
+    "down_proj": "mlp_4h_to_h",
+    "up_proj": "mlp_gate",
+}
+MODULE_TO_HF = {v: k for k, v in HF_TO_MODULE.items()}
+# attn_qkv (a fused projection in TensorRT-LLM) adapts q, k and v: B's rows are q's, then k's, then v's.
+QKV = ("q_proj", "k_proj", "v_proj")
+
+_PEFT_KEY = re.compile(r".*\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_(A|B)\.weight$")
+
+
+class AdapterFormatError(ValueError):
+    """A PEFT directory this engine cannot serve; the message says what and why."""
+
+
+def peft_to_tensors(adapter_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """A PEFT LoRA directory (adapter_config.json + adapter_model.safetensors/.bin) as
+    (`lora_weights` [rows, D] float32, `lora_config` [rows, 3] int32)."""
+    from peft import LoraConfig
+    from peft.utils import load_peft_weights
+
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").is_file():  # else PEFT would ask the model hub
+        raise AdapterFormatError(f"{adapter_dir}: no adapter_config.json (not a PEFT adapter directory)")
+    try:
+        config = LoraConfig.from_pretrained(str(adapter_dir))
+        state = load_peft_weights(str(adapter_dir), device="cpu")
+    except (OSError, ValueError, TypeError) as error:
+        raise AdapterFormatError(f"{adapter_dir}: not a PEFT LoRA adapter directory ({error})") from None
+    unsupported = {
+        "use_dora": bool(getattr(config, "use_dora", False)),
+        "bias": getattr(config, "bias", "none") != "none",
+        "modules_to_save": bool(getattr(config, "modules_to_save", None)),
+        "fan_in_fan_out": bool(getattr(config, "fan_in_fan_out", False)),
+        "alpha_pattern": bool(getattr(config, "alpha_pattern", None)),
+    }
+    if any(unsupported.values()):
+        names = ", ".join(k for k, v in unsupported.items() if v)
+        raise AdapterFormatError(f"{adapter_dir}: {names} not supported (plain LoRA on projections only)")
+    pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
+    for key, value in state.items():
+        match = _PEFT_KEY.match(key)
+        if not match or match.group(2) not in HF_TO_MODULE:
+            raise AdapterFormatError(
+                f"{adapter_dir}: weight {key!r} is not a LoRA A/B of a projection this engine adapts "
+                f"({', '.join(HF_TO_MODULE)})"
+            )
+        layer, module, which = int(match.group(1)), match.group(2), match.group(3)
+        pairs.setdefault((layer, module), {})[which] = value.float().numpy()
+    rows, entries = [], []
+    for (layer, module), ab in sorted(pairs.items()):
+        if set(ab) != {"A", "B"}:
+            raise AdapterFormatError(f"{adapter_dir}: layer {layer} {module} lacks lora_A or lora_B")
+        a, b = ab["A"], ab["B"]  # PEFT: A [r, in], B [out, r]
+        rank = a.shape[0]
+        scale = config.lora_alpha / (math.sqrt(rank) if config.use_rslora else rank)
+        rows.append(np.concatenate([a.reshape(-1), (b * scale).reshape(-1)]))
+        entries.append([MODULE_IDS[HF_TO_MODULE[module]], layer, rank])
+    if not rows:
+        raise AdapterFormatError(f"{adapter_dir}: the adapter has no LoRA weights")
+    width = max(r.size for r in rows)
+    weights = np.zeros((len(rows), width), dtype=np.float32)
+    for i, row in enumerate(rows):
+        weights[i, : row.size] = row
+    return weights, np.array(entries, dtype=np.int32)
+
+
+def parse_lora_modules(text: str) -> dict[str, str]:
+    """vLLM's `name=/path/to/adapter,…` as {name: path}; raises ValueError naming the bad entry."""
+    modules: dict[str, str] = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        name, sep, path = entry.partition("=")
+        name, path = name.strip(), path.strip()
+        if not sep or not name or not path:
+            raise ValueError(f"entry {entry!r} is not name=/path/to/adapter")
+        if not re.fullmatch(r"[A-Za-z0-9._/-]{1,256}", name) or name == "None":
+            raise ValueError(f"adapter name {name!r}: use 1-256 characters from A-Z a-z 0-9 . _ / -")
+        if name in modules:
+            raise ValueError(f"adapter name {name!r} is given twice")
+        modules[name] = path
+    return modules
