@@ -1,9 +1,10 @@
 """python -m frontend --host 0.0.0.0 --port 9000 --triton-url localhost:8001 --model-name NAME
-[--embed-model-name NAME] [--stream-full-text]"""
+[--embed-model-name NAME] [--stream-full-text] [--triton-server-id ID] [--drain-seconds S]"""
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import uvicorn
 
@@ -28,14 +29,29 @@ def main(argv: list[str] | None = None) -> None:
         "(default: the TRITONLM_STREAM_FULL_TEXT environment variable)",
     )
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--triton-server-id", help="the tritonserver's --id: /health fails while another server answers"
+    )
+    parser.add_argument(
+        "--drain-seconds", type=float, default=float(os.environ.get("DRAIN_SECONDS", 5)),
+        help="on SIGTERM, stop accepting requests and let running ones finish for at most this long "
+        "(default: DRAIN_SECONDS, else 5)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     app = create_app(
         args.triton_url,
         args.model_name,
         embed_model_name=args.embed_model_name,
         stream_full_text=args.stream_full_text,
+        triton_server_id=args.triton_server_id,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=args.drain_seconds,
+    )
 
 
 if __name__ == "__main__":
