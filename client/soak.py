@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         else launcher.Ports(*(free_port() for _ in range(4)))
     )
     model_dir = launcher.model_dir_from_env()
-    supervisor = launcher.Supervisor(ports, model_dir, model_dir.name)
+    log = launcher.ROOT / ".triton" / "soak-frontend.log"
+    supervisor = launcher.Supervisor(ports, model_dir, model_dir.name, frontend_log=log)
     signal.signal(signal.SIGTERM, supervisor.request_stop)
     signal.signal(signal.SIGINT, supervisor.request_stop)
     print(f"soak: {model_dir.name}, {args.minutes:g} min, {args.streams} streams, ports {ports}", flush=True)

@@ -240,8 +240,16 @@ class Supervisor:
     a tritonserver that died, with back-off and a limit, while the frontend answers 503), `stop`
     (the frontend first, draining its requests, then tritonserver and what is left of its group)."""
 
-    def __init__(self, ports: Ports, model_dir: Path, served_name: str, log_dir: Path = ROOT / ".triton"):
+    def __init__(
+        self,
+        ports: Ports,
+        model_dir: Path,
+        served_name: str,
+        log_dir: Path = ROOT / ".triton",
+        frontend_log: Path | None = None,  # None: the frontend logs to our stdout
+    ):
         self.ports = ports
+        self.frontend_log = frontend_log
         self.model_dir = model_dir
         self.served_name = served_name
         self.log_dir = log_dir
@@ -273,7 +281,7 @@ class Supervisor:
         """Starts both and waits until they serve; False if a stop was asked meanwhile."""
         if not self._start_triton():
             return False
-        self.frontend = start_frontend(self.ports, self.served_name, server_id=self.server_id)
+        self.frontend = start_frontend(self.ports, self.served_name, self.frontend_log, self.server_id)
         url = f"http://127.0.0.1:{self.ports.frontend}/health"
         return wait_ready(url, self.frontend, 120, "frontend", cancelled=lambda: self.stopping)
 
