@@ -1,10 +1,12 @@
 """python -m frontend --host 0.0.0.0 --port 9000 --triton-url localhost:8001 --model-name NAME
 [--embed-model-name NAME] [--stream-full-text] [--api-key K1,K2] [--ssl-certfile F --ssl-keyfile F
-[--ssl-ca-certs F]] [--max-request-body-bytes N] [--log-format text|json]"""
+[--ssl-ca-certs F]] [--max-request-body-bytes N] [--log-format text|json] [--triton-server-id ID]
+[--drain-seconds S]"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import ssl
 
 import uvicorn
@@ -33,6 +35,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--log-level", default="info")
     ops_settings.add_arguments(parser)
+    parser.add_argument(
+        "--triton-server-id", help="the tritonserver's --id: /health fails while another server answers"
+    )
+    parser.add_argument(
+        "--drain-seconds", type=float, default=float(os.environ.get("DRAIN_SECONDS", 5)),
+        help="on SIGTERM, stop accepting requests and let running ones finish for at most this long "
+        "(default: DRAIN_SECONDS, else 5)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         ops = ops_settings.from_args(args)
@@ -44,6 +54,7 @@ def main(argv: list[str] | None = None) -> None:
         embed_model_name=args.embed_model_name,
         stream_full_text=args.stream_full_text,
         ops=ops,
+        triton_server_id=args.triton_server_id,
     )
     uvicorn.run(
         app,
@@ -56,6 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         ssl_keyfile=ops.ssl_keyfile,
         ssl_ca_certs=ops.ssl_ca_certs,
         ssl_cert_reqs=ssl.CERT_REQUIRED if ops.ssl_ca_certs else ssl.CERT_NONE,
+        timeout_graceful_shutdown=args.drain_seconds,
     )
 
 

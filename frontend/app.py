@@ -38,6 +38,7 @@ def create_app(
     stream_full_text: bool | None = None,
     ops: OpsSettings | None = None,
     lora_adapters: list[str] | None = None,
+    triton_server_id: str | None = None,
 ) -> FastAPI:
     """`triton`: an object with TritonClient's `stream`/`infer`/`ready` (tests pass a fake);
     by default a gRPC client for `triton_url`, opened on start-up inside the server's event loop.
@@ -46,14 +47,16 @@ def create_app(
     TRITONLM_STREAM_FULL_TEXT environment variable ("1" or "true" turns it on).
     `ops`: API keys, body limit, … (frontend/ops); None: from the environment.
     `lora_adapters`: the LoRA adapters' names; None: the engine's `lora_modules` setting, read on
-    start-up (`engine_lora_adapters`)."""
+    start-up (`engine_lora_adapters`).
+    `triton_server_id`: the `--id` of the tritonserver this frontend belongs to; `/health` fails
+    while another server answers at `triton_url`."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if triton is not None:
             yield
             return
-        client = TritonClient(triton_url)
+        client = TritonClient(triton_url, server_id=triton_server_id)
         if lora_adapters is None:
             app.state.lora_adapters = await engine_lora_adapters(client)
         # The ensemble's steps run from here, so a client that leaves cancels the engine's request.
@@ -79,7 +82,10 @@ def create_app(
     @app.get("/health")
     async def health(request: Request) -> dict[str, str]:
         if not await request.app.state.triton.ready(MODELS):
-            raise APIError(503, f"Triton models not ready: {', '.join(MODELS)}", "unhealthy")
+            expected = f" (server id {triton_server_id})" if triton_server_id else ""
+            models = ", ".join(MODELS)
+            message = f"Triton{expected} not serving at {triton_url}, or models not ready: {models}"
+            raise APIError(503, message, "unhealthy")
         return {"status": "ok"}
 
     @app.get("/v1/models")

@@ -83,7 +83,7 @@ def tls_frontend(servers: Servers, tmp_path_factory) -> Iterator[Frontend]:
         try:
             url, context = launcher.frontend_health(ports)
             assert url.startswith("https://")
-            launcher.wait_ready(url, process, 60, "frontend", context)
+            launcher.wait_ready(url, process, 60, "frontend", context=context)
             yield Frontend(f"https://localhost:{ports.frontend}", log, cert)
         finally:
             launcher.stop(process)
@@ -152,7 +152,8 @@ def test_client_certificates_are_required_with_a_ca(servers: Servers, tmp_path: 
         process = launcher.start_frontend(ports, "default", tmp_path / "frontend.log")
         try:
             health_url, context = launcher.frontend_health(ports)
-            launcher.wait_ready(health_url, process, 60, "frontend", context)  # up, though it refuses us
+            # up, though it refuses us
+            launcher.wait_ready(health_url, process, 60, "frontend", context=context)
             url = f"https://localhost:{ports.frontend}/health"
             assert httpx.get(url, verify=trusting(cert, (client_cert, client_key))).status_code == 200
             with pytest.raises(httpx.HTTPError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes.util
 import http.client
+import json
 import os
 import shutil
 import signal
@@ -22,16 +23,21 @@ import sys
 import sysconfig
 import time
 import urllib.request
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from tritonlm import processes, smollm2
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
 from tritonlm.serving import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
-DEFAULT_MODEL_DIR = ROOT / "models" / "default"
+DEFAULT_MODEL_DIR = ROOT / "models" / "default"  # the tiny generated model (tests, MODEL=tiny)
+TRITON_EXIT_TIMEOUT_S = 5  # tritonserver's own bound on in-flight requests at exit
+TRITON_STOP_TIMEOUT_S = 7  # then the launcher kills its process group
 
 
 class SetupError(RuntimeError):
@@ -54,6 +60,14 @@ class Ports:
             grpc=int(env.get("TRITON_GRPC_PORT", 8001)),
             metrics=int(env.get("TRITON_METRICS_PORT", 8002)),
         )
+
+    def by_variable(self) -> dict[str, int]:
+        return {
+            "FRONTEND_PORT": self.frontend,
+            "TRITON_HTTP_PORT": self.http,
+            "TRITON_GRPC_PORT": self.grpc,
+            "TRITON_METRICS_PORT": self.metrics,
+        }
 
 
 def triton_command(work_dir: Path) -> tuple[list[str], dict[str, str]]:
@@ -96,8 +110,13 @@ def triton_command(work_dir: Path) -> tuple[list[str], dict[str, str]]:
 
 
 def start_triton(
-    ports: Ports, model_dir: Path, log_path: Path, work_dir: Path = ROOT / ".triton"
+    ports: Ports,
+    model_dir: Path,
+    log_path: Path,
+    work_dir: Path = ROOT / ".triton",
+    server_id: str = "triton",
 ) -> subprocess.Popen:
+    """tritonserver in its own process group (its Python stubs join it), signalled when we die."""
     command, env = triton_command(work_dir)
     env["MODEL_DIR"] = str(model_dir)
     if env.get("EMBED_MODEL_DIR"):  # the embedding model may run in another working directory
@@ -107,32 +126,57 @@ def start_triton(
         f"--http-port={ports.http}",
         f"--grpc-port={ports.grpc}",
         f"--metrics-port={ports.metrics}",
+        f"--id={server_id}",  # the frontend checks it: a stale server on the port is never ours
+        f"--exit-timeout-secs={TRITON_EXIT_TIMEOUT_S}",
         "--log-info=true",
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_file = open(log_path, "ab")  # noqa: SIM115 - handed to the child for its lifetime
-    return subprocess.Popen(
-        command, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    with open(log_path, "ab") as log_file:  # the child keeps its own descriptor
+        return processes.spawn(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
 
 
-def start_frontend(ports: Ports, model_name: str, log_path: Path | None = None) -> subprocess.Popen:
+def start_frontend(
+    ports: Ports, model_name: str, log_path: Path | None = None, server_id: str | None = None
+) -> subprocess.Popen:
     command = [
         sys.executable, "-m", "frontend",
         "--port", str(ports.frontend),
         "--triton-url", f"localhost:{ports.grpc}",
         "--model-name", model_name,
         "--embed-model-name", embedding_config.served_name(),
+        "--drain-seconds", str(drain_seconds()),
     ]  # fmt: skip
-    out = open(log_path, "ab") if log_path else None  # noqa: SIM115
-    return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None)
+    if server_id:
+        command += ["--triton-server-id", server_id]
+    if log_path is None:
+        return processes.spawn(command, cwd=ROOT)
+    with open(log_path, "ab") as out:
+        return processes.spawn(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+
+def drain_seconds() -> float:
+    return float(os.environ.get("DRAIN_SECONDS", 5))
+
+
+def http_ok(url: str, expect_name: str | None = None, context: ssl.SSLContext | None = None) -> bool:
+    """GET `url` answers 200 (and, with `expect_name`, a JSON body whose "name" is that)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
+            if response.status != 200:
+                return False
+            return expect_name is None or json.load(response).get("name") == expect_name
+    except http.client.RemoteDisconnected:
+        # Mutual TLS: it completed the handshake, then dropped us (we have no client certificate).
+        return context is not None and bool(os.environ.get("SSL_CA_CERTS"))
+    except (OSError, ValueError):
+        return False
 
 
 def frontend_health(ports: Ports) -> tuple[str, ssl.SSLContext | None]:
     """The frontend's /health URL, HTTPS when SSL_CERTFILE is set (frontend/ops/settings.py), with a
     context for our own server on localhost (its certificate may be self-signed)."""
     if not os.environ.get("SSL_CERTFILE"):
-        return f"http://localhost:{ports.frontend}/health", None
+        return f"http://127.0.0.1:{ports.frontend}/health", None
     context = ssl.create_default_context()
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
@@ -140,50 +184,168 @@ def frontend_health(ports: Ports) -> tuple[str, ssl.SSLContext | None]:
 
 
 def wait_ready(
-    url: str, process: subprocess.Popen, timeout: float, what: str, context: ssl.SSLContext | None = None
-) -> None:
+    url: str,
+    process: subprocess.Popen,
+    timeout: float,
+    what: str,
+    ready: Callable[[], bool] | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
+    context: ssl.SSLContext | None = None,
+) -> bool:
+    """Polls until `ready()` (default: `url` answers 200, over TLS with `context`). Raises if
+    `process` exits or `timeout` passes; returns False if `cancelled()` turned true first."""
+    ready = ready or (lambda: http_ok(url, context=context))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if cancelled():
+            return False
         if process.poll() is not None:
             raise RuntimeError(f"{what} exited with code {process.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(url, timeout=2, context=context) as response:
-                if response.status == 200:
-                    return
-        except http.client.RemoteDisconnected:
-            if context is not None and os.environ.get("SSL_CA_CERTS"):
-                return  # mutual TLS: it completed the handshake, then dropped us (we have no client cert)
-        except OSError:
-            pass
+        if ready():
+            return True
         time.sleep(0.5)
     raise TimeoutError(f"{what} not ready at {url} after {timeout:.0f}s")
 
 
-def stop(process: subprocess.Popen, timeout: float = 30) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def stop(process: subprocess.Popen, timeout: float = 15) -> None:
+    processes.stop(process, timeout)
 
 
 def model_dir_from_env() -> Path:
-    """MODEL_DIR, or the default model (generated on first use)."""
+    """MODEL_DIR; else MODEL=tiny: the tiny generated model (made on first use); else the real
+    default, SmolLM2-135M-Instruct (converted at set-up, or now)."""
     if os.environ.get("MODEL_DIR"):
         return Path(os.environ["MODEL_DIR"]).resolve()
-    if not (DEFAULT_MODEL_DIR / "config.json").exists():
-        from tritonlm.default_model import generate
+    if os.environ.get("MODEL", "smollm2") == "tiny":
+        if not (DEFAULT_MODEL_DIR / "config.json").exists():
+            from tritonlm.default_model import generate
 
-        generate(DEFAULT_MODEL_DIR)
-    return DEFAULT_MODEL_DIR
+            generate(DEFAULT_MODEL_DIR)
+        return DEFAULT_MODEL_DIR
+    if os.environ.get("MODEL", "smollm2") != "smollm2":
+        raise ConfigError(f"MODEL={os.environ['MODEL']!r}: use MODEL=tiny, or MODEL_DIR=/path/to/model")
+    return smollm2.convert()
 
 
 def engine_config(model_dir: Path) -> EngineConfig:
     """The engine's settings for `model_dir`: its config.pbtxt and the TRITONLM_* variables."""
     env = {**os.environ, "MODEL_DIR": str(model_dir)}
     return EngineConfig.from_config_pbtxt(REPOSITORY / contract.ENGINE / "config.pbtxt", env).resolved()
+
+
+@dataclass
+class Restarts:
+    """Back-off and a limit for restarting tritonserver: 1, 2, 4 … 30 s, at most `limit` restarts
+    within `window_s`."""
+
+    limit: int = 5
+    window_s: float = 600.0
+    times: list[float] = field(default_factory=list)
+
+    def next_delay(self) -> float | None:
+        """Seconds to wait before the next restart, or None when the limit is reached."""
+        now = time.monotonic()
+        self.times = [t for t in self.times if now - t < self.window_s]
+        if len(self.times) >= self.limit:
+            return None
+        self.times.append(now)
+        return min(30.0, 2.0 ** (len(self.times) - 1))
+
+
+class Supervisor:
+    """tritonserver and the frontend, one job per method: `check_ports`, `start`, `watch` (restarts
+    a tritonserver that died, with back-off and a limit, while the frontend answers 503), `stop`
+    (the frontend first, draining its requests, then tritonserver and what is left of its group)."""
+
+    def __init__(
+        self,
+        ports: Ports,
+        model_dir: Path,
+        served_name: str,
+        log_dir: Path = ROOT / ".triton",
+        frontend_log: Path | None = None,  # None: the frontend logs to our stdout
+    ):
+        self.ports = ports
+        self.frontend_log = frontend_log
+        self.model_dir = model_dir
+        self.served_name = served_name
+        self.log_dir = log_dir
+        self.server_id = f"tritonlm-{uuid.uuid4().hex[:12]}"  # this run's tritonserver, and no other
+        self.triton: subprocess.Popen | None = None
+        self.frontend: subprocess.Popen | None = None
+        self.restarts = Restarts()
+        self.stopping = False
+
+    def request_stop(self, *_: object) -> None:
+        """The SIGTERM / SIGINT handler: every wait polls this flag."""
+        self.stopping = True
+
+    def check_ports(self, names: tuple[str, ...] | None = None) -> None:
+        ports = self.ports.by_variable()
+        processes.check_free({k: v for k, v in ports.items() if names is None or k in names})
+
+    def _start_triton(self) -> bool:
+        log = self.log_dir / "tritonserver.log"
+        self.triton = start_triton(self.ports, self.model_dir, log, self.log_dir, self.server_id)
+        url = f"http://127.0.0.1:{self.ports.http}/v2"
+
+        def ours() -> bool:  # ready, and the server we started (not one left over on the port)
+            return http_ok(f"{url}/health/ready") and http_ok(url, expect_name=self.server_id)
+
+        return wait_ready(url, self.triton, 600, "tritonserver", ours, lambda: self.stopping)
+
+    def start(self) -> bool:
+        """Starts both and waits until they serve; False if a stop was asked meanwhile."""
+        if not self._start_triton():
+            return False
+        self.frontend = start_frontend(self.ports, self.served_name, self.frontend_log, self.server_id)
+        url, tls = frontend_health(self.ports)
+        return wait_ready(url, self.frontend, 120, "frontend", cancelled=lambda: self.stopping, context=tls)
+
+    def watch(self) -> int:
+        """Until a stop is asked, restarts tritonserver when it dies. Returns the exit status."""
+        while not self.stopping:
+            if self.frontend is not None and self.frontend.poll() is not None:
+                print(f"error: the frontend exited with code {self.frontend.returncode}", file=sys.stderr)
+                return 1
+            if self.triton is not None and self.triton.poll() is not None and not self._restart_triton():
+                return 1
+            time.sleep(0.2)
+        return 0
+
+    def _restart_triton(self) -> bool:
+        """False when the restart limit is reached."""
+        assert self.triton is not None
+        code = self.triton.returncode
+        processes.kill_group(self.triton)  # its stubs: no orphan keeps the dead server's memory
+        delay = self.restarts.next_delay()
+        log = self.log_dir / "tritonserver.log"
+        if delay is None:
+            print(
+                f"error: tritonserver exited (code {code}) {self.restarts.limit} times within "
+                f"{self.restarts.window_s:.0f} s; giving up (log: {log})",
+                file=sys.stderr,
+            )
+            return False
+        print(f"tritonserver exited (code {code}); restarting in {delay:.0f} s", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline and not self.stopping:
+            time.sleep(0.2)
+        if self.stopping:
+            return True
+        try:
+            self.check_ports(("TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_METRICS_PORT"))
+            if self._start_triton():
+                print("tritonserver restarted and ready", flush=True)
+        except (processes.PortBusy, RuntimeError, TimeoutError) as error:
+            print(f"tritonserver restart failed: {error} (log: {log})", file=sys.stderr, flush=True)
+        return True  # a failed start is one more exit, seen on the next round
+
+    def stop(self) -> None:
+        if self.frontend is not None:
+            processes.stop(self.frontend, drain_seconds() + 2)
+        if self.triton is not None:
+            processes.stop(self.triton, TRITON_STOP_TIMEOUT_S)
 
 
 def main() -> int:
@@ -202,37 +364,34 @@ def main() -> int:
         # once, instead of as a model that does not load.
         engine = engine_config(model_dir)
         embed_dir = embedding_config.model_dir()  # fails early, with a hint, when there is none
-        triton = start_triton(ports, model_dir, ROOT / ".triton" / "tritonserver.log")
-    except (SetupError, ConfigError, FileNotFoundError) as error:
+        supervisor = Supervisor(ports, model_dir, os.environ.get("SERVED_MODEL_NAME", model_dir.name))
+        supervisor.check_ports()
+        triton_command(supervisor.log_dir)  # setup problems, before anything starts
+    except (SetupError, ConfigError, FileNotFoundError, processes.PortBusy) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    signal.signal(signal.SIGTERM, supervisor.request_stop)
+    signal.signal(signal.SIGINT, supervisor.request_stop)
     print(
         f"tritonserver starting (log: .triton/tritonserver.log), model: {model_dir} "
         f"(max_seq_len {engine.max_seq_len}), embedding model: {embed_dir}",
         flush=True,
     )
-    frontend = None
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        wait_ready(f"http://localhost:{ports.http}/v2/health/ready", triton, 600, "tritonserver")
-        frontend = start_frontend(ports, os.environ.get("SERVED_MODEL_NAME", model_dir.name))
-        health_url, tls = frontend_health(ports)
-        wait_ready(health_url, frontend, 60, "frontend", tls)
+        if not supervisor.start():
+            return 0
         print(
-            f"serving {model_dir.name} and {embedding_config.served_name()}: "
-            f"HTTP API {health_url.removesuffix('/health')}  "
+            f"serving {supervisor.served_name} and {embedding_config.served_name()}: "
+            f"HTTP API {frontend_health(ports)[0].removesuffix('/health')}  "
             f"Triton HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}  (Ctrl-C stops)",
             flush=True,
         )
-        while triton.poll() is None and frontend.poll() is None:
-            time.sleep(1)
+        return supervisor.watch()
+    except (RuntimeError, TimeoutError) as error:
+        print(f"error: {error}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        return 0
     finally:
-        if frontend is not None:
-            stop(frontend)
-        stop(triton)
+        supervisor.stop()
 
 
 if __name__ == "__main__":

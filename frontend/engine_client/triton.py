@@ -15,7 +15,14 @@ from typing import Any
 
 import grpc
 import numpy as np
-from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult, service_pb2
+from tritonclient.grpc import (
+    MAX_GRPC_MESSAGE_SIZE,
+    InferInput,
+    InferRequestedOutput,
+    InferResult,
+    KeepAliveOptions,
+    service_pb2,
+)
 from tritonclient.grpc import _utils as grpc_utils
 from tritonclient.grpc.aio import InferenceServerClient
 from tritonclient.utils import InferenceServerException
@@ -61,7 +68,26 @@ _UNAVAILABLE = (
     "unknown model",
     "has no available versions",
     "is not ready",
+    "shutting down",
 )
+
+
+def _channel_args() -> list[tuple[str, int]]:
+    """tritonclient's defaults, plus a short reconnect back-off: after tritonserver restarts (or
+    starts late) the channel retries within a second, not after gRPC's default of up to 2 minutes
+    during which every request would fail at once."""
+    keepalive = KeepAliveOptions()
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", 250),
+        ("grpc.min_reconnect_backoff_ms", 250),
+        ("grpc.max_reconnect_backoff_ms", 1000),
+    ]
 
 
 def classify_error(message: str) -> tuple[int, str]:
@@ -126,17 +152,33 @@ def _outputs(response: service_pb2.ModelInferResponse) -> dict[str, np.ndarray]:
 
 
 class TritonClient:
-    def __init__(self, url: str, client: InferenceServerClient | None = None) -> None:
+    """`server_id`: the id the launcher gave its tritonserver (`--id`); when set, `ready` is true
+    only if the server answering at `url` has it, so a stale server left on the port by an earlier
+    run is never taken for ours."""
+
+    def __init__(
+        self, url: str, client: InferenceServerClient | None = None, server_id: str | None = None
+    ) -> None:
         self.url = url
-        self._client = client or InferenceServerClient(url)
+        self.server_id = server_id
+        self._client = client or InferenceServerClient(url, channel_args=_channel_args())
 
     async def close(self) -> None:
         await self._client.close()
+
+    async def server_name(self) -> str | None:
+        """The id the server at `url` reports (`--id`), or None when it does not answer."""
+        try:
+            return (await self._client.get_server_metadata()).name
+        except (InferenceServerException, grpc.RpcError):
+            return None
 
     async def ready(self, models: Iterable[str] = MODELS) -> bool:
         try:
             checks = await asyncio.gather(*(self._client.is_model_ready(m) for m in models))
         except (InferenceServerException, grpc.RpcError):
+            return False
+        if self.server_id is not None and await self.server_name() != self.server_id:
             return False
         return all(checks)
 

@@ -32,6 +32,8 @@ from tritonlm.worker.model_runner import ModelRunner
 
 log = logging.getLogger("engine")
 
+STOP_TIMEOUT_S = 2.0  # unloading waits at most this long for the engine's threads
+
 
 class EngineService:
     def __init__(self, args: dict) -> None:
@@ -169,14 +171,29 @@ class EngineService:
             time.sleep(0.2)
 
     def _metrics_loop(self) -> None:
-        while True:
+        while not self.stopping:
             try:
                 self.metrics.update(self.engine)
             except Exception:  # metrics must never take the engine down
                 log.exception("could not update the engine metrics")
             time.sleep(0.5)  # each changed value is a message to the server
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Unload: every thread is told to stop and joined, within `timeout` in all (a step in
+        progress finishes first); requests still open get a final error so no client waits on them."""
         self.stopping = True
         self.engine.stop()
         self.outbox.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        alive = [thread.name for thread in self.threads if thread.is_alive()]
+        if alive:
+            log.warning("engine threads still running at unload: %s", ", ".join(alive))
+        with self.senders_lock:
+            open_requests, self.senders = self.senders, {}
+        error = pb_utils.TritonError("server shutting down", pb_utils.TritonError.UNAVAILABLE)
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for sender in open_requests.values():
+            with contextlib.suppress(Exception):  # the client or the server may be gone already
+                sender.send(pb_utils.InferenceResponse(error=error), flags=final)

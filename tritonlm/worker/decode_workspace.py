@@ -35,6 +35,9 @@ class DecodeWorkspace:
         self.capacity = 0
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
+        full = -(-max_len // 256) * 256
+        if cache.keys and self._bytes(full) <= max_bytes:  # resident from the start, like the pool
+            self._grow(full)
 
     def reset(self) -> None:
         self.rows = [None] * self.max_rows

@@ -121,14 +121,15 @@ class PagedKVCache:
         return sum(2 * self.block_size * heads * dim * size for heads, dim, _ in shapes.values())
 
     def allocate(self, num_blocks: int, shapes: dict[int, tuple[int, int, torch.dtype]]) -> None:
-        """Allocates the pools. Left uninitialised (only slots written by a step are ever read, so
-        CPU pages are touched as blocks come into use), except the zero null block."""
+        """Allocates the pools, zeroed: writing every page makes the whole pool resident now, as
+        vLLM does, so memory is flat after start-up (a lazily touched pool grows for minutes, which
+        reads as a leak) and a machine short of memory fails at start, not under load. The null
+        block must be zero anyway."""
         self.num_blocks = num_blocks
         rows = (num_blocks + 1) * self.block_size
         for layer, (heads, dim, _) in shapes.items():
             for pool in (self.keys, self.values):
-                pool[layer] = torch.empty((rows, heads, dim), dtype=self.dtype, device=self.device)
-                pool[layer][self.null_slot :].zero_()
+                pool[layer] = torch.zeros((rows, heads, dim), dtype=self.dtype, device=self.device)
 
     def memory_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self.keys.values(), *self.values.values()))

@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 from tritonlm.embedding import config as embedding_config
 from tritonlm.embedding.embedder import Embedder, with_instruction
 from tritonlm.errors import InvalidRequest
-from tritonlm.serving import contract, triton_glue
+from tritonlm.serving import contract, stub_process, triton_glue
 
 
 def _texts(inputs: dict[str, np.ndarray]) -> list[str]:
@@ -25,6 +25,7 @@ def _texts(inputs: dict[str, np.ndarray]) -> list[str]:
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        stub_process.guard()  # ends with tritonserver, and ends fast
         params = triton_glue.parameters(args)
         directory = embedding_config.model_dir(params.get("model_dir", ""))
         self.embedder = Embedder(directory, params.get("device") or "auto")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from tritonlm.serving import stub_process
 from tritonlm.serving.engine_service import EngineService
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -12,6 +13,7 @@ logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        stub_process.guard()  # ends with tritonserver, and ends fast
         self.service = EngineService(args)
 
     def execute(self, requests: list) -> None:

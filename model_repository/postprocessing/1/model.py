@@ -6,13 +6,14 @@ and requests are handled in arrival order, so a stream's responses are decoded i
 
 from __future__ import annotations
 
-from tritonlm.serving import contract, triton_glue
+from tritonlm.serving import contract, stub_process, triton_glue
 from tritonlm.text.postprocess import Postprocessor
 from tritonlm.text.tokenization import load_tokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        stub_process.guard()  # ends with tritonserver, and ends fast
         model_dir = triton_glue.model_dir(triton_glue.parameters(args))
         self.postprocessor = Postprocessor(load_tokenizer(model_dir))
 

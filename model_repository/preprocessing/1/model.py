@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from tritonlm.serving import contract, triton_glue
+from tritonlm.serving import contract, stub_process, triton_glue
 from tritonlm.text.preprocess import Preprocessor
 from tritonlm.text.tokenization import generation_eos_ids, load_tokenizer
 
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
+        stub_process.guard()  # ends with tritonserver, and ends fast
         # The engine's max_seq_len (its settings, not a copy of them): requests are fitted into it.
         engine = triton_glue.engine_config(args)
         model_dir = triton_glue.parameters(args).get("model_dir") or engine.model_dir
