@@ -216,6 +216,14 @@ def checkpoint_max_positions(model_dir: str | Path) -> int:
     return int(config.get("max_position_embeddings") or config.get("n_positions") or MAX_SEQ_LEN_CAP)
 
 
+def checkpoint_vocab_size(model_dir: str | Path) -> int | None:
+    """The model's vocab size from config.json (None when it says nothing): where prompt-table ids
+    begin, which may differ from the tokenizer's length."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    return int(size) if size else None
+
+
 def _lookup(
     name: str, aliases: tuple[str, ...], params: Mapping[str, str], env: Mapping[str, str]
 ) -> tuple[str, str]:

@@ -65,6 +65,18 @@ class PromptEmbeds:
 
 
 @dataclass(frozen=True, eq=False)
+class DraftTokens:
+    """A client's proposals for the first tokens it will get (TensorRT-LLM's `draft_input_ids`),
+    verified in the first generation step. `probs`: the drafter's distribution at each of them
+    ([K, vocab], softmax of `draft_logits`), for a sampled request's acceptance rule; `threshold`
+    replaces that rule's random draw."""
+
+    ids: tuple[int, ...]
+    probs: torch.Tensor | None = None
+    threshold: float | None = None
+
+
+@dataclass(frozen=True, eq=False)
 class Request:
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
@@ -82,6 +94,7 @@ class Request:
     key: int = field(default_factory=lambda: next(_keys))  # unique per request
     arrival: float = field(default_factory=time.perf_counter)
     prompt_embeds: PromptEmbeds | None = None  # rows fed instead of the ids at some prompt positions
+    draft: DraftTokens | None = None  # proposals for the first generated tokens
 
     @property
     def needs_prompt_logits(self) -> bool:

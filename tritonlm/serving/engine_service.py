@@ -75,6 +75,7 @@ class EngineService:
                     self.runner.vocab_size,
                     self.runner.config.max_seq_len,
                     text_wanted=not wanted or bool(wanted & TEXT_NAMES),
+                    hidden_size=self.runner.hidden_size,
                 )
             except InvalidRequest as error:
                 sender.send(
