@@ -103,6 +103,21 @@ class EngineConfig:
         aliases=("WATERMARK_DELTA",),
     )
 
+    speculative_model: str = _setting(
+        "",
+        "off",
+        "speculative decoding: `[ngram]` for prompt lookup (proposals copied from the sequence's own "
+        "earlier n-grams), or the directory of a small draft model sharing the tokenizer; the engine "
+        "verifies the proposals in one step, the output unchanged (greedy: identical)",
+    )
+    num_speculative_tokens: int = _setting(
+        4, "4", "tokens proposed per sequence and step when `speculative_model` is set (>= 1)"
+    )
+    ngram_prompt_lookup_max: int = _setting(4, "4", "`[ngram]`: the longest n-gram looked up (>= 1)")
+    ngram_prompt_lookup_min: int = _setting(
+        1, "1", "`[ngram]`: the shortest n-gram looked up (in [1, `ngram_prompt_lookup_max`])"
+    )
+
     def __post_init__(self) -> None:
         self._check()
 
@@ -195,6 +210,19 @@ class EngineConfig:
             need(getattr(self, name) >= 1, name, ">= 1")
         for name in ("kv_cache_blocks", "max_queue_size"):
             need(getattr(self, name) >= 0, name, ">= 0")
+        need(self.num_speculative_tokens >= 1, "num_speculative_tokens", ">= 1")
+        need(self.ngram_prompt_lookup_max >= 1, "ngram_prompt_lookup_max", ">= 1")
+        need(
+            1 <= self.ngram_prompt_lookup_min <= self.ngram_prompt_lookup_max,
+            "ngram_prompt_lookup_min",
+            "in [1, ngram_prompt_lookup_max]",
+        )
+        need(
+            self.speculative_model in ("", "[ngram]")
+            or (Path(self.speculative_model) / "config.json").is_file(),
+            "speculative_model",
+            "empty (off), `[ngram]` or a checkpoint directory (with a config.json)",
+        )
         need(0.0 <= self.kv_cache_memory_fraction <= 1.0, "kv_cache_memory_fraction", "in [0, 1]")
         need(0.0 < self.watermark_gamma <= 1.0, "watermark_gamma", "in (0, 1]")
         need(

@@ -31,6 +31,7 @@ from tritonlm.engine.stopping import finish_reason, text_stream
 from tritonlm.sampling.logits_processors import default_pipeline
 from tritonlm.sampling.sampler import LogProbs, SamplerInput, choose, log_probs_of, process
 from tritonlm.spec_decode.acceptance import verify
+from tritonlm.spec_decode.speculator import Speculator
 from tritonlm.worker.model_runner import ModelRunner, StepOutput
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,8 @@ class Engine:
             self.blocks, config.max_num_seqs, config.max_num_batched_tokens, config.max_queue_size
         )
         self.logits_processors = default_pipeline(config)
+        # Speculative decoding inside the server (off unless `speculative_model` is set).
+        self.speculator = Speculator.from_config(config, runner.vocab_size, runner.device, runner.dtype)
         self.wakeup = threading.Condition()  # guards the scheduler's waiting queue
         self.stopped = False
         self.steps = 0
@@ -156,6 +159,8 @@ class Engine:
         """Reports a finished sequence; the caller already took it out of the scheduler."""
         if seq.text is not None:
             seq.out.text_end = seq.text.finish()
+        if self.speculator is not None:
+            self.speculator.forget(seq)
         seq.out.finish_reason = reason
         timings = seq.out.timings
         if len(timings) > 1 and reason != "cancelled":
@@ -186,6 +191,8 @@ class Engine:
     def step(self) -> None:
         with self.wakeup:
             self._drop_cancelled()
+            if self.speculator is not None:
+                self.speculator.propose(self.scheduler.running)
             batch = self.scheduler.schedule()
         if not batch:  # nothing could run (only while blocks are being freed); do not spin
             with self.wakeup:
