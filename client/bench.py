@@ -6,7 +6,10 @@
 2. transformers `generate` on static batches of `--concurrency` prompts (left padded): the
    forward-pass limit with no serving at all;
 3. `transformers serve --continuous-batching` on the same model, driven by client.load (OpenAI API);
-4. this project (tritonserver + frontend), driven by client.load.
+4. this project (tritonserver + frontend), driven by client.load;
+5. this project on a repeating version of the prompts (a quarter of each, four times);
+6. the same with speculative decoding by prompt lookup (`speculative_model=[ngram]`), with the
+   acceptance rate from the engine's metrics.
 
 Greedy, every request generates exactly `--output-len` tokens (min_new_tokens for 1-2, ignore_eos for
 4; the bench model never emits its end tokens, which covers 3, whose API has no ignore_eos). For 1-2
@@ -48,7 +51,29 @@ NAMES = {
     "2": "(2) transformers generate, static batch",
     "3": "(3) transformers serve --continuous-batching",
     "4": "(4) tritonlm",
+    "5": "(5) tritonlm, repeating prompts",
+    "6": "(6) tritonlm + prompt lookup, repeating prompts",
 }
+# (6) runs with speculative decoding by prompt lookup (engine settings), beside (5) without it.
+PROMPT_LOOKUP = {"TRITONLM_SPECULATIVE_MODEL": "[ngram]", "TRITONLM_NUM_SPECULATIVE_TOKENS": "4"}
+
+
+def repeating(tokenizer: Any, prompts: list[Prompt]) -> list[Prompt]:
+    """The same prompts as a quarter of each said four times: a workload that repeats itself, where
+    prompt lookup finds its proposals."""
+    out = []
+    for p in prompts:
+        text = p.text[: len(p.text) // 4] * 4
+        out.append(Prompt(text, len(tokenizer.encode(text, add_special_tokens=False)), p.output_len))
+    return out
+
+
+def acceptance_rate(metrics_url: str) -> float | None:
+    """The engine's speculative acceptance rate from Triton's metrics (None when not reported)."""
+    for line in httpx.get(metrics_url, timeout=10).text.splitlines():
+        if line.startswith('tritonlm_engine{stat="spec_acceptance_rate"}'):
+            return float(line.split()[-1])
+    return None
 
 
 def free_port() -> int:
@@ -205,10 +230,22 @@ def _api_for(frontend: str, wanted: str) -> str:
 
 
 def run_ours(
-    model_dir: Path, prompts: list[Prompt], args: argparse.Namespace, logs: Path
+    model_dir: Path,
+    prompts: list[Prompt],
+    args: argparse.Namespace,
+    logs: Path,
+    key: str = "4",
+    settings: dict[str, str] | None = None,
 ) -> tuple[dict, list]:
+    """System `key`: this project, with engine `settings` (TRITONLM_* variables) if any."""
     ports = launcher.Ports(frontend=free_port(), http=free_port(), grpc=free_port(), metrics=free_port())
-    triton = launcher.start_triton(ports, model_dir, logs / "tritonserver.log")
+    saved = dict(os.environ)
+    os.environ.update(settings or {})
+    try:
+        triton = launcher.start_triton(ports, model_dir, logs / f"tritonserver-{key}.log")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     frontend = None
     try:
         launcher.wait_ready(f"http://127.0.0.1:{ports.http}/v2/health/ready", triton, 600, "tritonserver")
@@ -218,7 +255,7 @@ def run_ours(
         api = _api_for(http, args.api)
         args.api_used = api
         url = f"127.0.0.1:{ports.grpc}" if api == "grpc" else http
-        return asyncio.run(
+        report, results = asyncio.run(
             load.benchmark(
                 api,
                 url,
@@ -228,9 +265,13 @@ def run_ours(
                 ignore_eos=True,
                 warmup=args.concurrency,
                 seed=args.seed,
-                desc=NAMES["4"] + f" ({api})",
+                desc=NAMES[key] + f" ({api})",
             )
         )
+        if settings:
+            time.sleep(1.0)  # the engine publishes its statistics every 0.5 s
+            report["spec_acceptance_rate"] = acceptance_rate(f"http://127.0.0.1:{ports.metrics}/metrics")
+        return report, results
     finally:
         if frontend is not None:
             launcher.stop(frontend)
@@ -303,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model-dir", type=Path, default=BENCH_MODEL_DIR)
-    parser.add_argument("--systems", default="1234", help="which of 1-4 to run, e.g. 24")
+    parser.add_argument("--systems", default="123456", help="which of 1-6 to run, e.g. 456")
     parser.add_argument(
         "--api",
         choices=("auto", *load.APIS),
@@ -334,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     config = json.loads((model_dir / "config.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = load.make_prompts(tokenizer, args.num_requests, args.input_len, args.output_len, seed=args.seed)
+    repeated = repeating(tokenizer, prompts)
     args.api_used = None
     load_before = os.getloadavg()
     rate = matmul_flops_per_s()
@@ -348,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
         "2": lambda: run_generate(model_dir, prompts, args.concurrency, NAMES["2"]),
         "3": lambda: run_peer(model_dir, prompts, args, logs),
         "4": lambda: run_ours(model_dir, prompts, args, logs),
+        "5": lambda: run_ours(model_dir, repeated, args, logs, "5"),
+        "6": lambda: run_ours(model_dir, repeated, args, logs, "6", PROMPT_LOOKUP),
     }
     reports: dict[str, dict] = {}
     requests: dict[str, list] = {}
@@ -395,6 +439,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"warning: {NAMES[key]} produced {r['total_output_tokens']} of {output_tokens} tokens, "
                 f"{r['failed']} failed: {r['errors']}"
             )
+    if "6" in reports:
+        rate = reports["6"].get("spec_acceptance_rate")
+        speedup = (
+            f", {reports['6']['output_throughput'] / reports['5']['output_throughput']:.2f}x (5)"
+            if "5" in reports
+            else ""
+        )
+        print(f"prompt lookup: acceptance rate {rate if rate is None else f'{rate:.2f}'}{speedup}")
     for key, why in skipped.items():
         print(f"skipped {NAMES[key]}: {why}")
     busy = max([load_before[0], os.getloadavg()[0], *(r["load_average_before"] for r in reports.values())])
