@@ -189,10 +189,10 @@ class Engine:
                 self._retire(request, "cancelled")
 
     def step(self) -> None:
+        if self.speculator is not None:  # outside the lock: only this thread changes `running`
+            self.speculator.propose(self.scheduler.running)
         with self.wakeup:
             self._drop_cancelled()
-            if self.speculator is not None:
-                self.speculator.propose(self.scheduler.running)
             batch = self.scheduler.schedule()
         if not batch:  # nothing could run (only while blocks are being freed); do not spin
             with self.wakeup:
