@@ -83,8 +83,10 @@ def test_speculative_settings_are_checked():
             replace(EngineConfig(), **settings)
 
 
-def test_prompt_lookup_through_tritonserver(model_dir, plain):
-    settings = {"TRITONLM_SPECULATIVE_MODEL": "[ngram]", "TRITONLM_NUM_SPECULATIVE_TOKENS": "3"}
+@pytest.mark.parametrize("proposer", ["[ngram]", "draft model"])
+def test_speculation_through_tritonserver(model_dir, draft_dir, plain, proposer):
+    speculative_model = proposer if proposer == "[ngram]" else str(draft_dir)
+    settings = {"TRITONLM_SPECULATIVE_MODEL": speculative_model, "TRITONLM_NUM_SPECULATIVE_TOKENS": "3"}
     with running_servers(model_dir, settings) as servers:
         client = StreamClient(servers.grpc_url)
         try:
