@@ -12,7 +12,10 @@ in each dtype asked for.
    client.load (OpenAI API): the peer a user would pick instead, so the one to beat;
 6. this project with structured output: every request constrained by one JSON schema (vLLM's
    `structured_outputs`, long enough to fill the output), and the grammar mask's share of the time
-   of the steps that applied it (the engine's `grammar_mask_seconds` / `grammar_step_seconds`).
+   of the steps that applied it (the engine's `grammar_mask_seconds` / `grammar_step_seconds`);
+7. this project on a repeating version of the prompts (a quarter of each, four times);
+8. the same with speculative decoding by prompt lookup (`speculative_model=[ngram]`), with the
+   acceptance rate from the engine's metrics.
 
 Greedy, every request generates exactly `--output-len` tokens (min_new_tokens for 1-2, ignore_eos for
 4-5; the bench model never emits its end tokens, which covers 3, whose API has no ignore_eos). For 1-2
@@ -56,7 +59,11 @@ NAMES = {
     "4": "(4) tritonlm",
     "5": "(5) vLLM CPU server",
     "6": "(6) tritonlm, json_schema",
+    "7": "(7) tritonlm, repeating prompts",
+    "8": "(8) tritonlm + prompt lookup, repeating prompts",
 }
+# (8) runs with speculative decoding by prompt lookup (engine settings), beside (7) without it.
+PROMPT_LOOKUP = {"TRITONLM_SPECULATIVE_MODEL": "[ngram]", "TRITONLM_NUM_SPECULATIVE_TOKENS": "4"}
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 DTYPES = ("float32", "bfloat16")
 # (6)'s schema: an array of 32 small objects, far more than --output-len tokens, so every request
@@ -77,6 +84,16 @@ BENCH_SCHEMA = {
     "maxItems": 32,
 }
 _GRAMMAR_STATS = ("grammar_mask_seconds", "grammar_step_seconds", "grammar_steps")
+
+
+def repeating(tokenizer: Any, prompts: list[Prompt]) -> list[Prompt]:
+    """The same prompts as a quarter of each said four times: a workload that repeats itself, where
+    prompt lookup finds its proposals."""
+    out = []
+    for p in prompts:
+        text = p.text[: len(p.text) // 4] * 4
+        out.append(Prompt(text, len(tokenizer.encode(text, add_special_tokens=False)), p.output_len))
+    return out
 
 
 def engine_stats(metrics_url: str) -> dict[str, float]:
@@ -285,14 +302,20 @@ def run_ours(
     args: argparse.Namespace,
     logs: Path,
     dtype: str,
-    structured: bool = False,
+    key: str = "4",
+    settings: dict[str, str] | None = None,
 ) -> tuple[dict, list]:
+    """System `key`: this project in `dtype`, with engine `settings` (TRITONLM_* variables) if any;
+    (6) constrains every request with BENCH_SCHEMA."""
+    structured = key == "6"
     ports = launcher.Ports(frontend=free_port(), http=free_port(), grpc=free_port(), metrics=free_port())
-    os.environ["TRITONLM_DTYPE"] = dtype  # the engine's setting, read by the child tritonserver
+    saved = dict(os.environ)  # the engine's settings, read by the child tritonserver
+    os.environ.update({"TRITONLM_DTYPE": dtype, **(settings or {})})
     try:
-        triton = launcher.start_triton(ports, model_dir, logs / f"tritonserver-{dtype}.log")
+        triton = launcher.start_triton(ports, model_dir, logs / f"tritonserver-{key}-{dtype}.log")
     finally:
-        del os.environ["TRITONLM_DTYPE"]
+        os.environ.clear()
+        os.environ.update(saved)
     frontend = None
     try:
         launcher.wait_ready(f"http://127.0.0.1:{ports.http}/v2/health/ready", triton, 600, "tritonserver")
@@ -313,7 +336,7 @@ def run_ours(
                 ignore_eos=True,
                 warmup=args.concurrency,
                 seed=args.seed,
-                desc=f"{NAMES['6' if structured else '4']} {dtype} ({api})",
+                desc=f"{NAMES[key]} {dtype} ({api})",
                 extra={"structured_outputs": {"json": BENCH_SCHEMA}} if structured else None,
             )
         )
@@ -323,6 +346,9 @@ def run_ours(
             report.update({name: stats.get(name, 0.0) for name in _GRAMMAR_STATS})
             step = report["grammar_step_seconds"]
             report["grammar_mask_fraction"] = report["grammar_mask_seconds"] / step if step else 0.0
+        if settings:
+            time.sleep(1.0)  # the engine publishes its statistics every 0.5 s
+            report["spec_acceptance_rate"] = engine_stats(metrics).get("spec_acceptance_rate")
         return report, results
     finally:
         if frontend is not None:
@@ -387,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model-dir", type=Path, default=BENCH_MODEL_DIR)
-    parser.add_argument("--systems", default="2456", help="which of 1-6 to run, e.g. 24")
+    parser.add_argument("--systems", default="245678", help="which of 1-8 to run, e.g. 24")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of " + ", ".join(DTYPES))
     parser.add_argument(
         "--api",
@@ -422,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
     config = json.loads((model_dir / "config.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts = load.make_prompts(tokenizer, args.num_requests, args.input_len, args.output_len, seed=args.seed)
+    repeated = repeating(tokenizer, prompts)
     args.api_used = None
     load_before = os.getloadavg()
     rates = {dtype: matmul_flops_per_s(dtype) for dtype in dtypes}
@@ -438,7 +465,9 @@ def main(argv: list[str] | None = None) -> int:
         "3": lambda dtype: run_peer(model_dir, prompts, args, logs, dtype),
         "4": lambda dtype: run_ours(model_dir, prompts, args, logs, dtype),
         "5": lambda dtype: run_vllm(model_dir, prompts, args, logs, dtype),
-        "6": lambda dtype: run_ours(model_dir, prompts, args, logs, dtype, structured=True),
+        "6": lambda dtype: run_ours(model_dir, prompts, args, logs, dtype, "6"),
+        "7": lambda dtype: run_ours(model_dir, repeated, args, logs, dtype, "7"),
+        "8": lambda dtype: run_ours(model_dir, repeated, args, logs, dtype, "8", PROMPT_LOOKUP),
     }
     reports: dict[str, dict[str, dict]] = {dtype: {} for dtype in dtypes}
     requests: dict[str, list] = {}
@@ -490,6 +519,15 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{dtype}: (6) json_schema: {ratio}grammar mask {fraction:.1%} of its steps' time "
                 f"(target < 10%): {verdict}"
+            )
+        lookup, plain = reports[dtype].get("8"), reports[dtype].get("7")
+        if lookup:
+            rate = lookup.get("spec_acceptance_rate")
+            speedup = (
+                f", {lookup['output_throughput'] / plain['output_throughput']:.2f}x (7)" if plain else ""
+            )
+            print(
+                f"{dtype}: prompt lookup: acceptance rate {rate if rate is None else f'{rate:.2f}'}{speedup}"
             )
     for dtype, by_system in reports.items():
         for key, r in by_system.items():

@@ -280,7 +280,7 @@ def test_health_and_models(servers):
 def test_engine_rejects_unimplemented_tensors_by_name(servers):
     client = StreamClient(servers.grpc_url)
     try:
-        for name, value in [("beam_width", 17), ("draft_input_ids", [1, 2])]:
+        for name, value in [("beam_width", 17), ("draft_logits", [[0.0]]), ("lora_task_id", 3)]:
             with pytest.raises(RuntimeError, match=name):
                 list(
                     client.generate("engine", {"input_ids": [1, 2, 3], "request_output_len": 4, name: value})

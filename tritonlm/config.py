@@ -128,6 +128,20 @@ class EngineConfig:
     lora_cache_max_bytes: int = _setting(
         1 << 30, "1073741824 (1 GiB)", "bytes of weights in the LoRA cache (0: no bound)"
     )
+    speculative_model: str = _setting(
+        "",
+        "off",
+        "speculative decoding: `[ngram]` for prompt lookup (proposals copied from the sequence's own "
+        "earlier n-grams), or the directory of a small draft model sharing the tokenizer; the engine "
+        "verifies the proposals in one step, the output unchanged (greedy: identical)",
+    )
+    num_speculative_tokens: int = _setting(
+        4, "4", "tokens proposed per sequence and step when `speculative_model` is set (>= 1)"
+    )
+    ngram_prompt_lookup_max: int = _setting(4, "4", "`[ngram]`: the longest n-gram looked up (>= 1)")
+    ngram_prompt_lookup_min: int = _setting(
+        1, "1", "`[ngram]`: the shortest n-gram looked up (in [1, `ngram_prompt_lookup_max`])"
+    )
 
     def __post_init__(self) -> None:
         self._check()
@@ -222,6 +236,19 @@ class EngineConfig:
         need(self.lora_cache_max_adapters >= 1, "lora_cache_max_adapters", ">= 1")
         for name in ("kv_cache_blocks", "max_queue_size", "lora_cache_max_bytes"):
             need(getattr(self, name) >= 0, name, ">= 0")
+        need(self.num_speculative_tokens >= 1, "num_speculative_tokens", ">= 1")
+        need(self.ngram_prompt_lookup_max >= 1, "ngram_prompt_lookup_max", ">= 1")
+        need(
+            1 <= self.ngram_prompt_lookup_min <= self.ngram_prompt_lookup_max,
+            "ngram_prompt_lookup_min",
+            "in [1, ngram_prompt_lookup_max]",
+        )
+        need(
+            self.speculative_model in ("", "[ngram]")
+            or (Path(self.speculative_model) / "config.json").is_file(),
+            "speculative_model",
+            "empty (off), `[ngram]` or a checkpoint directory (with a config.json)",
+        )
         need(0.0 <= self.kv_cache_memory_fraction <= 1.0, "kv_cache_memory_fraction", "in [0, 1]")
         need(0.0 < self.watermark_gamma <= 1.0, "watermark_gamma", "in (0, 1]")
         need(
@@ -248,6 +275,14 @@ def checkpoint_max_positions(model_dir: str | Path) -> int:
     `n_positions`); MAX_SEQ_LEN_CAP when it says nothing."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     return int(config.get("max_position_embeddings") or config.get("n_positions") or MAX_SEQ_LEN_CAP)
+
+
+def checkpoint_vocab_size(model_dir: str | Path) -> int | None:
+    """The model's vocab size from config.json (None when it says nothing): where prompt-table ids
+    begin, which may differ from the tokenizer's length."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")
+    return int(size) if size else None
 
 
 def _lookup(

@@ -57,6 +57,8 @@ class Shape:
 SIZES = {
     "default": Shape(hidden=256, intermediate=512, layers=4, heads=8, kv_heads=4),
     "bench": Shape(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=4, no_eos=True),
+    # A draft model for speculative decoding tests (`speculative_model`): same tokenizer, smaller.
+    "draft": Shape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2),
 }
 
 CHAT_TEMPLATE = """\

@@ -19,23 +19,43 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from tritonlm.engine.beam_group import BeamGroup
 from tritonlm.engine.block_manager import BlockManager
-from tritonlm.engine.scheduler import Scheduler
+from tritonlm.engine.scheduler import Batch, Scheduler
 from tritonlm.engine.sequence import Sequence, Status, TokenTiming
 from tritonlm.engine.stopping import finish_reason, text_stream
 from tritonlm.errors import CLIENT_ERROR_MARKER, overloaded_message
 from tritonlm.sampling.logits_processors import GrammarMask, default_pipeline
-from tritonlm.sampling.sampler import sample
+from tritonlm.sampling.sampler import LogProbs, SamplerInput, choose, log_probs_of, process
+from tritonlm.spec_decode.acceptance import verify
+from tritonlm.spec_decode.speculator import Speculator
 from tritonlm.structured_output import Grammars, GrammarState
-from tritonlm.worker.model_runner import ModelRunner
+from tritonlm.worker.model_runner import ModelRunner, StepOutput
 
 log = logging.getLogger(__name__)
 
 OutputCallback = Callable[[Sequence, int], None]
+
+
+@dataclass
+class TokenPicks:
+    """Where a sequence's tokens of one step came from: `rows[j]` is token j's row in the step's
+    raw logits `raw` and in the processed `log_probs`; `inputs` are those rows' sampler inputs."""
+
+    rows: list[int]
+    raw: torch.Tensor
+    log_probs: torch.Tensor | None
+    inputs: list[SamplerInput]
+
+    def log_probs_of(self, tokens: list[int]) -> LogProbs | None:
+        if self.log_probs is None:
+            return None
+        rows = self.rows[: len(tokens)]
+        return log_probs_of(self.log_probs, rows, tokens, [self.inputs[r] for r in rows])
 
 
 class Engine:
@@ -53,11 +73,15 @@ class Engine:
         self.grammars = Grammars(tokenizer, runner.vocab_size) if tokenizer is not None else None
         self.grammar_mask = next(p for p in self.logits_processors.processors if isinstance(p, GrammarMask))
         self.grammar_step_seconds = 0.0  # total time of the steps that applied a grammar mask
+        # Speculative decoding inside the server (off unless `speculative_model` is set).
+        self.speculator = Speculator.from_config(config, runner.vocab_size, runner.device, runner.dtype)
         self.wakeup = threading.Condition()  # guards the scheduler's waiting queue
         self.stopped = False
         self.steps = 0
         self.max_batch_size_seen = 0
         self.tokens_generated = 0
+        self.spec_proposed = 0  # proposals verified (fed to the model) since start-up
+        self.spec_accepted = 0  # of which accepted
         # ("ttft" | "tpot", seconds) as they happen, for the metrics thread to drain (deque appends
         # and pops are thread-safe); bounded so nobody draining it costs no memory.
         self.latencies: deque[tuple[str, float]] = deque(maxlen=65536)
@@ -68,6 +92,9 @@ class Engine:
         request = seq.request
         seq.generator = request.params.make_generator(self.runner.device)
         seq.text = text_stream(request, self.tokenizer)
+        if request.draft is not None:  # verified with the prompt's last chunk; never past the limits
+            room = min(request.max_new_tokens, self.runner.config.max_seq_len - seq.num_tokens) - 1
+            seq.spec_tokens = list(request.draft.ids[: max(room, 0)])
         if request.guide is not None:
             # It joins the queue once compiled (now, when cached); others go on meanwhile.
             seq.grammar = self._grammar(seq)
@@ -94,8 +121,9 @@ class Engine:
         self._retire(seq, "error")
 
     def _enqueue(self, seq: Sequence) -> bool:
+        request = seq.request
         runs = seq
-        if seq.request.beam_width > 1:  # the request waits for its beams, which the scheduler runs
+        if request.beam_width > 1:  # the request waits for its beams, which the scheduler runs
             seq.group = BeamGroup(seq, self.runner.config.max_seq_len)
             runs = seq.group.beams[0]
         with self.wakeup:
@@ -134,6 +162,9 @@ class Engine:
             "grammar_steps": self.grammar_mask.steps,
             "grammar_step_seconds": self.grammar_step_seconds,
             "grammar_mask_seconds": self.grammar_mask.seconds,
+            "spec_proposed_tokens": self.spec_proposed,
+            "spec_accepted_tokens": self.spec_accepted,
+            "spec_acceptance_rate": self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0,
         }
 
     # -- the loop thread ----------------------------------------------------------------------
@@ -167,6 +198,8 @@ class Engine:
         """Reports a finished sequence; the caller already took it out of the scheduler."""
         if seq.text is not None:
             seq.out.text_end = seq.text.finish()
+        if self.speculator is not None:
+            self.speculator.forget(seq)
         seq.out.finish_reason = reason
         timings = seq.out.timings
         if len(timings) > 1 and reason != "cancelled":
@@ -195,6 +228,8 @@ class Engine:
                 self._retire(request, "cancelled")
 
     def step(self) -> None:
+        if self.speculator is not None:  # outside the lock: only this thread changes `running`
+            self.speculator.propose(self.scheduler.running)
         with self.wakeup:
             self._drop_cancelled()
             batch = self.scheduler.schedule()
@@ -204,36 +239,74 @@ class Engine:
             time.sleep(0.001)
             return
         start = time.perf_counter()
-        flags = batch.sample
+        rows = batch.num_logits  # 1 + proposals fed for a sampled sequence, 0 for others
         keep_all = [s.needs_prompt_logits and s.num_computed < len(s.prompt_ids) for s in batch.seqs]
         out = self.runner.forward(
-            batch.seqs, batch.num_new, flags, keep_all, copies=self.blocks.take_pending_copies()
+            batch.seqs, batch.num_new, rows, keep_all, copies=self.blocks.take_pending_copies()
         )
         for i, logits in out.all_logits.items():
             self._keep_prompt_logits(batch.seqs[i], logits)
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             seq.num_computed += n
-        sampled = [s for s, flag in zip(batch.seqs, flags, strict=True) if flag]
-        plain = [i for i, s in enumerate(sampled) if s.group is None]
-        logits = out.logits[plain] if len(plain) < len(sampled) else out.logits
-        inputs = [sampled[i].sampler_input() for i in plain]
+        plain = [i for i, m in enumerate(rows) if m and batch.seqs[i].group is None]
         masked = self.grammar_mask.steps
-        tokens, log_probs = sample(logits, inputs, self.logits_processors) if plain else ([], None)
+        made = self._choose(batch, out, rows, plain)
         end = time.perf_counter()
         if self.grammar_mask.steps != masked:
             self.grammar_step_seconds += end - start
 
         self.steps += 1
         self.max_batch_size_seen = max(self.max_batch_size_seen, len(batch))
-        self.tokens_generated += len(sampled)
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
             if not seq.output_ids and n:
                 seq.out.prefill_ms += (end - start) * 1e3  # every step that fed its prompt
-        for j, i in enumerate(plain):
-            self._append(sampled[i], tokens[j], log_probs, j, logits, len(batch), start, end)
-        for i, seq in enumerate(sampled):
-            if seq.group is not None and seq.group.report(seq, out.logits[i]):
+        for i, (tokens, picks) in zip(plain, made, strict=True):
+            self._append(batch.seqs[i], tokens, picks, rows[i] - 1, len(batch), start, end)
+        for i, seq in enumerate(batch.seqs):
+            if rows[i] and seq.group is not None and seq.group.report(seq, out.logits_of(i)[-1]):
                 self._advance_beams(seq.group, len(batch), start, end)
+
+    @torch.inference_mode()
+    def _choose(
+        self, batch: Batch, out: StepOutput, rows: list[int], plain: list[int]
+    ) -> list[tuple[list[int], TokenPicks]]:
+        """The tokens each sampled sequence (batch indices `plain`) makes this step: one drawn from
+        its row, or, after proposals, those verification keeps (spec_decode.acceptance). Every row
+        is processed with the prefix it sees (output + the proposals before it)."""
+        if not plain:
+            return []
+        inputs: list[SamplerInput] = []
+        owners: list[tuple[int, int]] = []  # per sequence: its first row among `inputs`, its rows
+        for i in plain:
+            seq = batch.seqs[i]
+            owners.append((len(inputs), rows[i]))
+            proposals = seq.spec_tokens[: rows[i] - 1]
+            inputs += [seq.sampler_input(proposals[:j]) for j in range(rows[i])]
+        raw = (
+            out.logits if len(inputs) == out.logits.shape[0] else torch.cat([out.logits_of(i) for i in plain])
+        )
+        logits, log_probs = process(raw, inputs, self.logits_processors)
+        singles = [first for first, m in owners if m == 1]
+        drawn = dict(zip(singles, choose(logits[singles], [inputs[r] for r in singles]), strict=True))
+        made: list[tuple[list[int], TokenPicks]] = []
+        for i, (first, m) in zip(plain, owners, strict=True):
+            if m == 1:
+                tokens = [drawn[first]]
+            else:
+                seq = batch.seqs[i]
+                draft = seq.request.draft if not seq.output_ids else None  # a client's drafts: step 1
+                tokens = verify(
+                    logits[first : first + m],
+                    inputs[first : first + m],
+                    seq.spec_tokens[: m - 1],
+                    draft.probs[: m - 1] if draft is not None and draft.probs is not None else None,
+                    draft.threshold if draft is not None else None,
+                )
+                self.spec_proposed += m - 1
+                self.spec_accepted += len(tokens) - 1
+            picks = list(range(first, first + len(tokens)))
+            made.append((tokens, TokenPicks(picks, raw, log_probs, inputs)))
+        return made
 
     def _unblock_beams(self) -> None:
         """Every running place may be held by beams waiting for their groups' other beams, which
@@ -255,46 +328,63 @@ class Engine:
     def _append(
         self,
         seq: Sequence,
-        token: int,
-        log_probs: object,
-        row: int,
-        logits: torch.Tensor,
+        tokens: list[int],
+        picks: TokenPicks,
+        proposed: int,
         batch_size: int,
         start: float,
         end: float,
     ) -> None:
+        """Appends a step's tokens one by one, each checked against the stop rules (a stop ends
+        the run: later tokens are dropped), settles the proposals the step fed (`proposed`), and
+        reports the run once: one response per accepted run of tokens. Timings stay per token:
+        the first carries the wait and the step's time, the others arrived with it."""
         out = seq.out
         if not seq.output_ids:
             self.latencies.append(("ttft", end - seq.request.arrival))
-        out.timings.append(
-            TokenTiming(batch_size, int((start - seq.last_event) * 1e6), (end - seq.last_event) * 1e3)
-        )
-        seq.last_event = end
-        seq.output_ids.append(token)
-        if seq.grammar is not None and not seq.grammar.sync(seq.output_ids):
-            # Only when other rules banned every token the grammar allows (e.g. min_length, bad_words).
-            self.scheduler.finish(seq)
-            out.error = (
-                f"{CLIENT_ERROR_MARKER} guided_decoding_guide: the grammar allows no token that the "
-                "other settings (min_length, bad_words) allow"
+        log_probs = picks.log_probs_of(tokens) if seq.params.return_log_probs else None
+        reason = ""
+        for j, token in enumerate(tokens):
+            first = j == 0
+            out.timings.append(
+                TokenTiming(
+                    batch_size,
+                    int((start - seq.last_event) * 1e6) if first else 0,
+                    (end - seq.last_event) * 1e3 if first else 0.0,
+                )
             )
-            self._retire(seq, "error", new_tokens=1)
-            return
-        if seq.params.return_generation_logits:
-            out.generation_logits.append(logits[row].float().cpu())
-        if log_probs is not None and seq.params.return_log_probs:
-            out.log_probs.append(log_probs[row])
-            if seq.params.num_top_log_probs:
-                out.top_ids.append(log_probs.top_ids[row])
-                out.top_log_probs.append(log_probs.top_values[row])
-        if seq.text is not None:
-            out.texts.append(seq.text.add([token]))
-        reason = finish_reason(seq, self.runner.config.max_seq_len)
+            seq.output_ids.append(token)
+            self.tokens_generated += 1
+            if seq.grammar is not None and not seq.grammar.sync(seq.output_ids):
+                # Only when other rules banned every token the grammar allows (min_length, bad_words).
+                self.scheduler.finish(seq)
+                out.error = (
+                    f"{CLIENT_ERROR_MARKER} guided_decoding_guide: the grammar allows no token that the "
+                    "other settings (min_length, bad_words) allow"
+                )
+                self._retire(seq, "error", new_tokens=j + 1)
+                return
+            if seq.params.return_generation_logits:
+                out.generation_logits.append(picks.raw[picks.rows[j]].float().cpu())
+            if log_probs is not None:
+                out.log_probs.append(log_probs[j])
+                if seq.params.num_top_log_probs:
+                    out.top_ids.append(log_probs.top_ids[j])
+                    out.top_log_probs.append(log_probs.top_values[j])
+            if seq.text is not None:
+                out.texts.append(seq.text.add([token]))
+            reason = finish_reason(seq, self.runner.config.max_seq_len)
+            if reason:
+                tokens = tokens[: j + 1]
+                break
+        seq.last_event = end
         if reason:
             self.scheduler.finish(seq)
-            self._retire(seq, reason, new_tokens=1)
-        else:
-            self.on_output(seq, 1)
+            self._retire(seq, reason, new_tokens=len(tokens))
+            return
+        if proposed or seq.spec_tokens:  # rejected proposals give their slots back
+            self.blocks.rollback(seq, proposed - (len(tokens) - 1))
+        self.on_output(seq, len(tokens))
 
     def _keep_prompt_logits(self, seq: Sequence, logits: torch.Tensor) -> None:
         """Keeps the logits of the prompt positions of this chunk not kept yet (a recompute after a

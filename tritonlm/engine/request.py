@@ -75,6 +75,18 @@ class Guide:
 
 
 @dataclass(frozen=True, eq=False)
+class DraftTokens:
+    """A client's proposals for the first tokens it will get (TensorRT-LLM's `draft_input_ids`),
+    verified in the first generation step. `probs`: the drafter's distribution at each of them
+    ([K, vocab], softmax of `draft_logits`), for a sampled request's acceptance rule; `threshold`
+    replaces that rule's random draw."""
+
+    ids: tuple[int, ...]
+    probs: torch.Tensor | None = None
+    threshold: float | None = None
+
+
+@dataclass(frozen=True, eq=False)
 class Request:
     prompt_ids: tuple[int, ...]
     max_new_tokens: int
@@ -94,6 +106,7 @@ class Request:
     prompt_embeds: PromptEmbeds | None = None  # rows fed instead of the ids at some prompt positions
     guide: Guide | None = None  # structured output: what the output must match
     lora: LoraAdapter | None = None  # its LoRA adapter (tritonlm/lora), held until its final response
+    draft: DraftTokens | None = None  # proposals for the first generated tokens
 
     @property
     def needs_prompt_logits(self) -> bool:

@@ -11,6 +11,9 @@ Every step has a token budget (`max_num_batched_tokens`) and at most `max_num_se
 3. waiting sequences, first come first served, while the budget, `max_num_seqs` and the free blocks
    allow; a prompt's blocks found in the prefix cache are taken instead of computed.
 
+A chunk that reaches the prompt's end (2, 3) also feeds the sequence's proposals (a client's draft
+tokens for its first generated tokens) when they fit the budget and the free blocks, else drops them.
+
 So a long prompt is split over several steps and never holds the decoding streams up for more than
 one budget's worth of tokens. A sequence is sampled only when its chunk reaches its last token; a
 decode with proposals wants the logits of every token it feeds (`Batch.num_logits`), to verify them.
@@ -180,6 +183,7 @@ class Scheduler:
                     break
                 budget += self._preempt(victim, batch)
             if n > 0:
+                n = self._with_proposals(seq, n, budget)
                 self.blocks.append_slots(seq, n)
                 batch._add(seq, n)
                 budget -= n
@@ -195,6 +199,12 @@ class Scheduler:
             n = min(seq.num_tokens - len(hits) * bs, budget)
             if not self.blocks.can_allocate(seq, hits, n):
                 break
+            if seq.spec_tokens and n == seq.num_tokens - len(hits) * bs:  # its prompt's end: drafts too?
+                k = len(seq.spec_tokens)
+                if n + k <= budget and self.blocks.can_allocate(seq, hits, n + k):
+                    n += k
+                else:
+                    seq.spec_tokens.clear()
             self.waiting.popleft()
             cached = self.blocks.allocate(seq, hits)
             if not seq.num_preemptions:  # first admission: what the response reports
@@ -206,6 +216,17 @@ class Scheduler:
             budget -= n
             self.blocks.cache_full_blocks(seq, seq.num_computed + n)
         return batch
+
+    def _with_proposals(self, seq: Sequence, n: int, budget: int) -> int:
+        """A prompt chunk that reaches the prompt's end also feeds the proposals after it (a
+        client's draft tokens), when they fit the budget and the free blocks; else they are dropped."""
+        if not seq.spec_tokens or seq.num_computed + n < seq.num_tokens:
+            return n
+        k = len(seq.spec_tokens)
+        if n + k <= budget and self.blocks.can_append(seq, n + k):
+            return n + k
+        seq.spec_tokens.clear()
+        return n
 
     def _newest_after(self, seq: Sequence) -> Sequence | None:
         """The newest running sequence admitted after `seq`, if any."""

@@ -126,7 +126,8 @@ class Sequence:
             return self.output_ids[start - n : end - n]
         return [*prompt[start:], *self.output_ids[: end - n]]
 
-    def sampler_input(self) -> SamplerInput:
-        return SamplerInput(
-            self.params, self.request.prompt_ids, self.output_ids, self.generator, self.grammar
-        )
+    def sampler_input(self, proposals: list[int] | None = None) -> SamplerInput:
+        """What the sampler sees; with `proposals`, as if they followed the output (the prefix a
+        verification row sees)."""
+        output = [*self.output_ids, *proposals] if proposals else self.output_ids
+        return SamplerInput(self.params, self.request.prompt_ids, output, self.generator, self.grammar)

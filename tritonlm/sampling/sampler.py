@@ -19,7 +19,19 @@ from tritonlm.sampling.logits_processors import LogitsPipeline, default_pipeline
 from tritonlm.sampling.params import SamplerInput, SamplingParams
 
 # SamplerInput and SamplingParams too: the engine and tests import them from here.
-__all__ = ["LogProbs", "SamplerInput", "SamplingParams", "filter_logits", "sample", "top_alternatives"]
+__all__ = [
+    "LogProbs",
+    "SamplerInput",
+    "SamplingParams",
+    "choose",
+    "draw",
+    "filter_logits",
+    "log_probs_of",
+    "probabilities",
+    "process",
+    "sample",
+    "top_alternatives",
+]
 
 DEFAULT_PIPELINE = default_pipeline()  # the settings' defaults; the engine passes its own
 
@@ -76,13 +88,11 @@ def top_alternatives(log_probs: torch.Tensor, rows: list[int], ks: list[int]) ->
     )
 
 
-@torch.inference_mode()
-def sample(
+def process(
     logits: torch.Tensor, batch: list[SamplerInput], processors: LogitsPipeline | None = None
-) -> tuple[list[int], LogProbs | None]:
-    """Chooses one token per row of `logits` [batch, vocab] after `processors` (default: the default
-    pipeline with the settings' defaults); returns the tokens and their log-probs (None unless a
-    request asked for them)."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Steps 1-2: the logits processors and temperature over `logits` [batch, vocab]; returns them
+    and the log probs (None unless a request asked for them)."""
     processors = DEFAULT_PIPELINE if processors is None else processors
     logits = processors(logits.float(), batch)
     temperature = torch.tensor(
@@ -90,19 +100,59 @@ def sample(
     )[:, None]
     logits = logits / temperature
     log_probs = logits.log_softmax(dim=-1) if any(s.params.return_log_probs for s in batch) else None
+    return logits, log_probs
 
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from `probs` [vocab]: an exponential race (equivalent to multinomial), argmax p / E
+    with E ~ Exp(1) drawn from the request's own generator, so a seeded request ignores what else is
+    in the batch."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return int((probs / noise).argmax())
+
+
+def choose(logits: torch.Tensor, batch: list[SamplerInput]) -> list[int]:
+    """Steps 3-4 on processed logits: greedy argmax, or a draw after top-k/top-p/typical-p."""
     tokens = logits.argmax(dim=-1)
     sampling = [i for i, s in enumerate(batch) if not s.params.greedy]
     if sampling:
         probs = filter_logits(logits[sampling], [batch[i] for i in sampling]).softmax(dim=-1)
         for row, i in enumerate(sampling):
-            # Exponential race (equivalent to multinomial): argmax p / E with E ~ Exp(1) drawn from
-            # the request's own generator, so a seeded request ignores what else is in the batch.
-            noise = torch.empty_like(probs[row]).exponential_(generator=batch[i].generator)
-            tokens[i] = (probs[row] / noise).argmax()
-    chosen = tokens.tolist()
+            tokens[i] = draw(probs[row], batch[i].generator)
+    return tokens.tolist()
+
+
+def probabilities(logits: torch.Tensor, s: SamplerInput) -> torch.Tensor:
+    """The distribution `choose` draws from for one processed row [vocab]: one-hot on the argmax
+    for a greedy request, else the filtered softmax."""
+    if s.params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).to(logits.dtype)
+    return filter_logits(logits[None].clone(), [s])[0].softmax(dim=-1)
+
+
+def log_probs_of(
+    log_probs: torch.Tensor, rows: list[int], tokens: list[int], batch: list[SamplerInput]
+) -> LogProbs:
+    """The log probs of `tokens[j]` under row `rows[j]` (and alternatives where asked), indexed by j;
+    `batch[j]` is that row's input."""
+    index = torch.tensor(rows, dtype=torch.long, device=log_probs.device)
+    chosen = log_probs[index].gather(1, torch.tensor(tokens, device=log_probs.device)[:, None]).squeeze(1)
+    wanted = [j for j, s in enumerate(batch) if s.params.num_top_log_probs]
+    top_ids, top_values = top_alternatives(
+        log_probs[index], wanted, [batch[j].params.num_top_log_probs for j in wanted]
+    )
+    return LogProbs(chosen.tolist(), top_ids, top_values)
+
+
+@torch.inference_mode()
+def sample(
+    logits: torch.Tensor, batch: list[SamplerInput], processors: LogitsPipeline | None = None
+) -> tuple[list[int], LogProbs | None]:
+    """Chooses one token per row of `logits` [batch, vocab] after `processors` (default: the default
+    pipeline with the settings' defaults); returns the tokens and their log-probs (None unless a
+    request asked for them)."""
+    logits, log_probs = process(logits, batch, processors)
+    chosen = choose(logits, batch)
     if log_probs is None:
         return chosen, None
-    rows = [i for i, s in enumerate(batch) if s.params.num_top_log_probs]
-    top_ids, top_values = top_alternatives(log_probs, rows, [batch[i].params.num_top_log_probs for i in rows])
-    return chosen, LogProbs(log_probs.gather(1, tokens[:, None]).squeeze(1).tolist(), top_ids, top_values)
+    return chosen, log_probs_of(log_probs, list(range(len(chosen))), chosen, batch)

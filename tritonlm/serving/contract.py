@@ -72,7 +72,9 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     # Extension: texts that end the generation, looked for in the output text across tokens (the
     # HTTP APIs' `stop`; stop_words_list's words are looked for as text too).
     Tensor("stop_strings", "BYTES", (-1,)),
-    Tensor("prompt_embedding_table", "FP16", (-1, -1)),
+    # P-tuning / prompt tables: input ids >= the model's vocab size select row id - vocab_size of
+    # the table ([1, P, hidden]) instead of a token embedding; prompt_vocab_size (default P) bounds them.
+    Tensor("prompt_embedding_table", "FP16", (1, -1, -1)),
     _scalar("prompt_vocab_size", "INT32"),
     # LoRA (tritonlm/lora): TensorRT-LLM's task-id cache. lora_weights is FP32 whatever the model's
     # dtype (exact for every model; converted to the model's dtype once, when cached): rows of
@@ -86,8 +88,12 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     _scalar("return_log_probs", "BOOL", False),
     _scalar("return_context_logits", "BOOL", False),
     _scalar("return_generation_logits", "BOOL", False),
+    # Draft tokens to verify in the first generation step (up to K + 1 tokens from one step); with
+    # draft_logits [K, vocab] a sampled request uses TensorRT-LLM's acceptance rule, with
+    # draft_acceptance_threshold in place of its random draw.
     Tensor("draft_input_ids", "INT32", (-1,)),
     Tensor("draft_logits", "FP32", (-1, -1)),
+    _scalar("draft_acceptance_threshold", "FP32"),
     # Extensions (TGI's typical_p and watermark; the seeds call them unsupported, we support them).
     _scalar("typical_p", "FP32", 1.0),
     _scalar("watermark", "BOOL", False),
@@ -109,10 +115,6 @@ GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 # Inputs declared for the contract but not implemented yet: a request that sets them is rejected
 # with an error naming the tensor, never silently ignored.
 ENGINE_UNIMPLEMENTED: tuple[str, ...] = (
-    "prompt_embedding_table",
-    "prompt_vocab_size",
-    "draft_input_ids",
-    "draft_logits",
 )
 
 # What postprocessing makes of the engine's responses. The engine makes them itself when a client
@@ -186,6 +188,9 @@ PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
     # Instead of failing when prompt + max_tokens exceed max_seq_len: keep the prompt's last
     # max_seq_len - 1 tokens and lower max_tokens to what fits (Databricks' error_behavior "truncate").
     _scalar("truncate_to_fit", "BOOL", False),
+    # P-tuning's virtual prompt: prepend ids vocab_size .. vocab_size + N - 1 (the model's vocab
+    # size), i.e. the first N rows of the engine's prompt_embedding_table.
+    _scalar("virtual_tokens", "INT32", 0),
 )
 
 PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
@@ -294,6 +299,12 @@ ENSEMBLE_INPUTS: tuple[tuple[Tensor, str], ...] = (
     (_scalar("include_stop_str_in_output", "BOOL"), "engine.include_stop_str_in_output"),
     (_scalar("guided_decoding_guide_type", "BYTES"), "engine.guided_decoding_guide_type"),
     (_scalar("guided_decoding_guide", "BYTES"), "engine.guided_decoding_guide"),
+    (Tensor("prompt_embedding_table", "FP16", (1, -1, -1)), "engine.prompt_embedding_table"),
+    (_scalar("prompt_vocab_size", "INT32"), "engine.prompt_vocab_size"),
+    (_scalar("virtual_tokens", "INT32"), "preprocessing.virtual_tokens"),
+    (Tensor("draft_input_ids", "INT32", (-1,)), "engine.draft_input_ids"),
+    (Tensor("draft_logits", "FP32", (-1, -1)), "engine.draft_logits"),
+    (_scalar("draft_acceptance_threshold", "FP32"), "engine.draft_acceptance_threshold"),
 )
 
 # Ensemble outputs: every postprocessing output, without the out_ prefix.

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import torch
 
-from tritonlm.engine.request import Guide, Request
+from tritonlm.engine.prompt_table import table_embeds
+from tritonlm.engine.request import DraftTokens, Guide, PromptEmbeds, Request
 from tritonlm.errors import InvalidRequest
 from tritonlm.lora.store import LORA_TENSORS, LoraStore
 from tritonlm.sampling.params import SamplingParams
@@ -48,16 +49,81 @@ def parse_word_list(tensors: dict[str, np.ndarray], name: str, vocab_size: int) 
     return words
 
 
+def parse_prompt_table(
+    tensors: dict[str, np.ndarray], ids: np.ndarray, vocab_size: int, hidden_size: int | None
+) -> PromptEmbeds | None:
+    """`prompt_embedding_table` [1, P, hidden] and `prompt_vocab_size`: the prompt's ids >= vocab_size
+    select rows of the table (TensorRT-LLM's p-tuning convention); other ids must be tokens."""
+    if "prompt_embedding_table" not in tensors:
+        _check("prompt_vocab_size" not in tensors, "prompt_vocab_size: needs prompt_embedding_table")
+        _check(
+            bool(((ids >= 0) & (ids < vocab_size)).all()),
+            f"input_ids: token ids must be in [0, {vocab_size})",
+        )
+        return None
+    table = tensors["prompt_embedding_table"]
+    _check(
+        table.ndim == 3 and table.shape[0] == 1 and table.shape[1] >= 1,
+        f"prompt_embedding_table: expected shape [1, rows, hidden], got {list(table.shape)}",
+    )
+    rows = table.shape[1]
+    _check(
+        hidden_size is None or table.shape[2] == hidden_size,
+        f"prompt_embedding_table: rows must have the model's hidden size {hidden_size}, got {table.shape[2]}",
+    )
+    _check(bool(np.isfinite(table).all()), "prompt_embedding_table: values must be finite")
+    size = _scalar(tensors, "prompt_vocab_size")
+    size = rows if size is None else size
+    _check(1 <= size <= rows, f"prompt_vocab_size: must be in [1, {rows}] (the table's rows), got {size}")
+    _check(
+        bool(((ids >= 0) & (ids < vocab_size + size)).all()),
+        f"input_ids: must be token ids in [0, {vocab_size}) or prompt-table ids in "
+        f"[{vocab_size}, {vocab_size + size}) (vocab size + prompt_vocab_size)",
+    )
+    return table_embeds(ids, torch.from_numpy(np.ascontiguousarray(table[0])), vocab_size)
+
+
+def parse_draft(tensors: dict[str, np.ndarray], vocab_size: int, beam_width: int) -> DraftTokens | None:
+    """`draft_input_ids` [K], `draft_logits` [K, vocab] and `draft_acceptance_threshold`."""
+    if "draft_input_ids" not in tensors:
+        for name in ("draft_logits", "draft_acceptance_threshold"):
+            _check(name not in tensors, f"{name}: needs draft_input_ids")
+        return None
+    _check(beam_width == 1, "draft_input_ids: not with beam search (beam_width > 1)")
+    ids = tensors["draft_input_ids"].reshape(-1).astype(np.int64)
+    _check(
+        bool(((ids >= 0) & (ids < vocab_size)).all()),
+        f"draft_input_ids: token ids must be in [0, {vocab_size})",
+    )
+    probs = None
+    if "draft_logits" in tensors:
+        logits = tensors["draft_logits"]
+        _check(
+            logits.shape == (ids.size, vocab_size),
+            f"draft_logits: expected shape [{ids.size}, {vocab_size}] (draft tokens, vocab size), "
+            f"got {list(logits.shape)}",
+        )
+        _check(not bool(np.isnan(logits).any()), "draft_logits: values must not be NaN")
+        probs = torch.from_numpy(logits.astype(np.float32)).softmax(dim=-1)
+    threshold = _scalar(tensors, "draft_acceptance_threshold")
+    if threshold is not None:
+        _check(probs is not None, "draft_acceptance_threshold: needs draft_logits")
+        _check(0.0 < threshold <= 1.0, f"draft_acceptance_threshold: must be in (0, 1], got {threshold}")
+    return DraftTokens(tuple(ids.tolist()), probs, threshold) if ids.size else None
+
+
 def parse_request(
     tensors: dict[str, np.ndarray],
     vocab_size: int,
     max_seq_len: int,
     text_wanted: bool = False,
     adapters: LoraStore | None = None,
+    hidden_size: int | None = None,
 ) -> Request:
     """`text_wanted`: the client asked for text outputs (the engine then makes them as it goes).
     `adapters`: where the request's LoRA adapter comes from; it is acquired last, once everything
-    else is valid, and the caller releases it when the request is over."""
+    else is valid, and the caller releases it when the request is over.
+    `hidden_size`: the model's, which prompt-table rows must have (None: not checked)."""
     unimplemented = [n for n in contract.ENGINE_UNIMPLEMENTED if n in tensors]
     _check(not unimplemented, f"{', '.join(unimplemented)}: not supported by this engine yet")
     beam_width = _scalar(tensors, "beam_width")
@@ -75,9 +141,7 @@ def parse_request(
         _check(1 <= length <= ids.size, f"input_lengths: must be in [1, {ids.size}], got {length}")
         ids = ids[:length]
     _check(ids.size >= 1, "input_ids: the prompt must have at least one token")
-    _check(
-        bool(((ids >= 0) & (ids < vocab_size)).all()), f"input_ids: token ids must be in [0, {vocab_size})"
-    )
+    prompt_embeds = parse_prompt_table(tensors, ids, vocab_size, hidden_size)
     _check(
         ids.size < max_seq_len,
         f"input_ids: the prompt has {ids.size} tokens; this model accepts at most {max_seq_len - 1}",
@@ -141,11 +205,14 @@ def parse_request(
         _check("draft_input_ids" not in tensors, "draft_input_ids: not available with guided decoding")
     if "pad_id" in tensors:  # packed batches never pad; still, a bad id is the client's mistake
         number("pad_id", 0, vocab_size - 1)
+    if prompt_embeds is not None:  # table ids are no tokens: they have no log probs
+        _check(not params.return_prompt_log_probs, "return_prompt_log_probs: not with prompt_embedding_table")
     if "embedding_bias" in tensors:
         bias = tensors["embedding_bias"].reshape(-1)
         _check(bias.size == vocab_size, f"embedding_bias: expected {vocab_size} values, got {bias.size}")
         params.embedding_bias = torch.from_numpy(bias.astype(np.float32))
-    lora = None
+    draft = parse_draft(tensors, vocab_size, beam_width)
+    lora = None  # acquired last: a request refused after this point would hold its adapter
     if adapters is not None:
         lora = adapters.acquire(tensors)
     else:
@@ -166,6 +233,8 @@ def parse_request(
         skip_special_tokens=bool(_scalar(tensors, "skip_special_tokens")),
         include_stop_str_in_output=bool(_scalar(tensors, "include_stop_str_in_output")),
         guide=guide,
+        prompt_embeds=prompt_embeds,
+        draft=draft,
     )
 
 

@@ -83,6 +83,7 @@ class EngineService:
                     self.runner.config.max_seq_len,
                     text_wanted=not wanted or bool(wanted & TEXT_NAMES),
                     adapters=self.adapters,
+                    hidden_size=self.runner.hidden_size,
                 )
             except InvalidRequest as error:
                 sender.send(

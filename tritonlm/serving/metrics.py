@@ -13,7 +13,9 @@ class EngineMetrics:
 
     - gauges `tritonlm_engine{stat=...}`: running, waiting, kv_blocks_used/free/total,
       prefix_cache_hit_rate (cached / looked-up prompt tokens since start-up), and the since-start-up
-      totals steps, max_batch_size_seen, tokens_generated, preemptions, prefix_cache_queries/hits;
+      totals steps, max_batch_size_seen, tokens_generated, preemptions, prefix_cache_queries/hits,
+      and speculative decoding's spec_proposed_tokens, spec_accepted_tokens, spec_acceptance_rate
+      (proposals verified, kept, and their ratio; draft tokens from clients count too);
     - counters `tritonlm_preemptions_total`, `tritonlm_generated_tokens_total`;
     - histograms `tritonlm_time_to_first_token_seconds` (arrival to first token, per request) and
       `tritonlm_time_per_output_token_seconds` (mean gap between a request's later tokens).

@@ -120,10 +120,16 @@ class Preprocessor:
     """
 
     def __init__(
-        self, tokenizer: Any, max_seq_len: int | None = None, extra_eos_ids: Sequence[int] = ()
+        self,
+        tokenizer: Any,
+        max_seq_len: int | None = None,
+        extra_eos_ids: Sequence[int] = (),
+        model_vocab_size: int | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
+        # The model's vocab size (config.json), where prompt-table ids start (`virtual_tokens`).
+        self.model_vocab_size = model_vocab_size or self.vocab_size
         self.max_seq_len = max_seq_len
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.default_end_id = -1 if eos is None else int(eos)  # -1: the engine stops on length only
@@ -139,7 +145,9 @@ class Preprocessor:
 
         Raises InvalidRequest for a client error.
         """
-        ids = self._prompt_ids(inputs)
+        # P-tuning's virtual prompt: the first rows of the engine's prompt_embedding_table.
+        virtual = self._int(inputs, "virtual_tokens", low=0) or 0
+        ids = [self.model_vocab_size + i for i in range(virtual)] + self._prompt_ids(inputs)
         max_tokens = self._int(inputs, "max_tokens", low=1)
         end_id = self._int(inputs, "end_id", low=-1, high=self.vocab_size - 1)
         pad_id = self._int(inputs, "pad_id", low=0, high=self.vocab_size - 1)
@@ -165,9 +173,14 @@ class Preprocessor:
             "out_end_id": _array("out_end_id", [end_id]),
             "out_pad_id": _array("out_pad_id", [self.default_pad_id if pad_id is None else pad_id]),
             "input_token_texts": _array(
-                "input_token_texts", [t.encode("utf-8") for t in token_texts(self.tokenizer, ids)]
+                "input_token_texts", [t.encode("utf-8") for t in self._token_texts(ids)]
             ),
         }
+
+    def _token_texts(self, ids: list[int]) -> list[str]:
+        """Each prompt token's text; "" for a virtual token (a prompt-table row, no text)."""
+        texts = token_texts(self.tokenizer, [i if i < self.vocab_size else 0 for i in ids])
+        return [t if i < self.vocab_size else "" for i, t in zip(ids, texts, strict=True)]
 
     def _prompt_ids(self, inputs: Mapping[str, np.ndarray | None]) -> list[int]:
         raw = scalar(inputs, "text_input")

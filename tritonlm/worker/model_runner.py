@@ -62,6 +62,7 @@ class ModelRunner:
         self.model.eval()
         self.lora = LoraLayers(self.model)  # adapters' hooks, installed when one first runs
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.hidden_size = self.model.get_input_embeddings().weight.shape[1]
 
         shapes = self._probe_shapes()
         if self.device.type == "cuda":
@@ -159,7 +160,9 @@ class ModelRunner:
 
     def _embed(self, ids: torch.Tensor, at: list[int], rows: list[torch.Tensor]) -> torch.Tensor:
         """The model's input embeddings of `ids` [1, tokens], with `rows` at packed indices `at`."""
-        embeds = self.model.get_input_embeddings()(ids)
+        table = self.model.get_input_embeddings()
+        # Positions fed a row may hold ids beyond the vocabulary (prompt tables): look up 0 there.
+        embeds = table(ids.masked_fill(ids >= table.num_embeddings, 0))
         index = torch.tensor(at, dtype=torch.long, device=self.device)
         embeds[0, index] = torch.cat(rows).to(device=self.device, dtype=embeds.dtype)
         return embeds
