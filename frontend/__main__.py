@@ -27,6 +27,14 @@ def main(argv: list[str] | None = None) -> None:
         help="OpenAI streams send the text so far in each chunk, and full_text on the last "
         "(default: the TRITONLM_STREAM_FULL_TEXT environment variable)",
     )
+    parser.add_argument(
+        "--tool-parser", help="how the model writes tool calls: hermes (default) or llama3_json "
+        "(the launcher picks it from the chat template; TRITONLM_TOOL_PARSER wins)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--reasoning-parser", help="think (default: <think> blocks become reasoning_content) or none "
+        "(the launcher picks it from the chat template; TRITONLM_REASONING_PARSER wins)"
+    )  # fmt: skip
     parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     app = create_app(
@@ -34,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
         args.model_name,
         embed_model_name=args.embed_model_name,
         stream_full_text=args.stream_full_text,
+        tool_parser=args.tool_parser,
+        reasoning_parser=args.reasoning_parser,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
 from tritonlm.serving import contract
+from tritonlm.text import chat_format
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
@@ -114,7 +115,9 @@ def start_triton(
     )
 
 
-def start_frontend(ports: Ports, model_name: str, log_path: Path | None = None) -> subprocess.Popen:
+def start_frontend(
+    ports: Ports, model_name: str, log_path: Path | None = None, model_dir: Path | None = None
+) -> subprocess.Popen:
     command = [
         sys.executable, "-m", "frontend",
         "--port", str(ports.frontend),
@@ -122,6 +125,10 @@ def start_frontend(ports: Ports, model_name: str, log_path: Path | None = None) 
         "--model-name", model_name,
         "--embed-model-name", embedding_config.served_name(),
     ]  # fmt: skip
+    # The chat template says how the model writes tool calls and thoughts (TRITONLM_* variables win).
+    template = chat_format.read_template(model_dir or model_dir_from_env())
+    command += ["--tool-parser", chat_format.tool_parser(template)]
+    command += ["--reasoning-parser", chat_format.reasoning_parser(template)]
     out = open(log_path, "ab") if log_path else None  # noqa: SIM115
     return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None)
 
@@ -197,7 +204,9 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         wait_ready(f"http://localhost:{ports.http}/v2/health/ready", triton, 600, "tritonserver")
-        frontend = start_frontend(ports, os.environ.get("SERVED_MODEL_NAME", model_dir.name))
+        frontend = start_frontend(
+            ports, os.environ.get("SERVED_MODEL_NAME", model_dir.name), model_dir=model_dir
+        )
         wait_ready(f"http://localhost:{ports.frontend}/health", frontend, 60, "frontend")
         print(
             f"serving {model_dir.name} and {embedding_config.served_name()}: "

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frontend.chat_tools.call_json import CallEvent
-from frontend.chat_tools.parsers import ToolParser
+from frontend.chat_tools.parsers import ToolParser, make_parser, parser_names
+from frontend.chat_tools.parsers.json_calls import JsonCallsParser, NamedCallParser
 from frontend.chat_tools.reasoning import ThinkSplitter
+from frontend.chat_tools.tools import ToolSpec
 
 
 @dataclass
@@ -101,3 +103,36 @@ def tool_call_deltas(events: list[CallEvent], reader: ReplyReader) -> list[dict[
         else:
             deltas.append({"index": e.index, "function": {"arguments": e.arguments}})
     return deltas
+
+
+def reply_reader(
+    tools: ToolSpec | None, template_kwargs: dict[str, Any] | None, tool_parser: str, reasoning_parser: str
+) -> ReplyReader:
+    """The reader of one choice: the thought split off when the template thinks (and the request
+    did not turn it off), the calls read as `tools` says."""
+    thinking = None
+    enable = (template_kwargs or {}).get("enable_thinking")
+    if reasoning_parser == "think" and enable is not False:
+        thinking = ThinkSplitter(in_thought=enable is True)
+    parser: ToolParser | None = None
+    if tools is not None:
+        if tools.choice == "function":
+            parser = NamedCallParser(tools.name or "")
+        elif tools.choice == "required":
+            parser = JsonCallsParser()
+        else:
+            parser = make_parser(tool_parser)
+    return ReplyReader(thinking=thinking, tools=parser)
+
+
+REASONING_PARSERS = ("think", "none")
+
+
+def check_parsers(tool_parser: str, reasoning_parser: str) -> None:
+    """Fail at start-up on a parser name that does not exist."""
+    if tool_parser not in parser_names():
+        raise ValueError(f"unknown tool parser {tool_parser!r}; one of {', '.join(parser_names())}")
+    if reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(
+            f"unknown reasoning parser {reasoning_parser!r}; one of {', '.join(REASONING_PARSERS)}"
+        )

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
+from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
 from frontend.engine_client.request import Job
 from frontend.errors import APIError
 
@@ -316,18 +317,18 @@ class ChatCompletionRequest(BaseModel):
     logprobs: Flag = None
     top_logprobs: Annotated[int | None, number(0, MAX_TOP_LOGPROBS, integer=True)] = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # Function calling is not implemented: only "no tools" is accepted.
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: Flag = None
 
     def to_job(self) -> Job:
-        _no_tools(self.tools, self.tool_choice)
         max_tokens = self.max_completion_tokens or self.max_tokens
         if self.max_tokens and self.max_completion_tokens and self.max_tokens != self.max_completion_tokens:
             raise bad_request("must equal max_tokens when both are given", "max_completion_tokens")
         job = Job(
             messages=_messages(self.messages),
             chat_template_kwargs=self.chat_template_kwargs,
+            tools=tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls),
             max_tokens=max_tokens,
             **_sampling(self),
             prompt_param="messages",
@@ -337,13 +338,6 @@ class ChatCompletionRequest(BaseModel):
         _chat_logprobs(job, self.logprobs, self.top_logprobs)
         _sequences(job, self.n, self.best_of, bool(self.use_beam_search), job.stream)
         return job
-
-
-def _no_tools(tools: list[Any] | None, tool_choice: Any) -> None:
-    if tools:
-        raise bad_request("function calling is not supported by this server", "tools")
-    if tool_choice not in (None, "none"):
-        raise bad_request('function calling is not supported by this server; only "none"', "tool_choice")
 
 
 def _chat_logprobs(job: Job, logprobs: bool | None, top_logprobs: int | None) -> None:
@@ -438,14 +432,14 @@ class DatabricksChatRequest(BaseModel):
     top_k: DatabricksTopK = None
     stop: Stop = None
     n: Annotated[int | None, number(1, MAX_SEQUENCES, integer=True)] = None
-    tool_choice: str | dict[str, Any] | None = None
-    tools: list[Any] | None = None
+    tool_choice: ToolChoice | None = None
+    tools: list[Tool] | None = None
+    parallel_tool_calls: Flag = None
     response_format: ResponseFormat | None = None
     logprobs: Flag = None
     top_logprobs: Annotated[int | None, number(0, MAX_TOP_LOGPROBS, integer=True)] = None
 
     def to_job(self) -> Job:
-        _no_tools(self.tools, self.tool_choice)
         if self.response_format is not None and self.response_format.type != "text":
             raise bad_request(
                 'structured outputs are not supported by this server; only "text"', "response_format"
@@ -454,6 +448,7 @@ class DatabricksChatRequest(BaseModel):
             raise bad_request("needs logprobs true", "top_logprobs")  # seed 002's rule
         job = Job(
             messages=_messages(self.messages),
+            tools=tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls),
             **_databricks_sampling(self),
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
             prompt_param="messages",

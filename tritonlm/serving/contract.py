@@ -164,6 +164,7 @@ PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
     Tensor("text_input", "BYTES", (1,)),
     Tensor("chat_messages", "BYTES", (1,)),
     Tensor("chat_template_kwargs", "BYTES", (1,)),  # JSON object: extra chat template variables
+    Tensor("chat_tools", "BYTES", (1,)),  # JSON list of OpenAI tools, for the chat template
     # Absent: as many tokens as fit in the context (max_seq_len minus the prompt).
     Tensor("max_tokens", "INT32", (1,)),
     Tensor("bad_words", "BYTES", (-1,)),
@@ -248,6 +249,7 @@ ENSEMBLE_INPUTS: tuple[tuple[Tensor, str], ...] = (
     (Tensor("text_input", "BYTES", (1,)), "preprocessing.text_input"),  # or chat_messages
     (Tensor("chat_messages", "BYTES", (1,)), "preprocessing.chat_messages"),
     (Tensor("chat_template_kwargs", "BYTES", (1,)), "preprocessing.chat_template_kwargs"),
+    (Tensor("chat_tools", "BYTES", (1,)), "preprocessing.chat_tools"),
     (Tensor("max_tokens", "INT32", (1,)), "preprocessing.max_tokens"),
     (Tensor("bad_words", "BYTES", (-1,)), "preprocessing.bad_words"),
     (Tensor("stop_words", "BYTES", (-1,)), "preprocessing.stop_words"),
