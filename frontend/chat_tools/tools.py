@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, field_validator
 
 from frontend.errors import APIError
 
@@ -56,7 +56,21 @@ class ToolChoiceObject(BaseModel):
     function: NamedFunction
 
 
-ToolChoice = Literal["none", "auto", "required"] | ToolChoiceObject
+def _tool_choice(value: Any) -> Any:
+    """One clear message for both forms (a union would report each form's error)."""
+    if value is None or value in ("none", "auto", "required"):
+        return value
+    if isinstance(value, dict):
+        try:
+            return ToolChoiceObject.model_validate(value)
+        except ValidationError:
+            pass
+    raise ValueError(
+        'must be "none", "auto", "required" or {"type": "function", "function": {"name": "..."}}'
+    )
+
+
+ToolChoice = Annotated[Literal["none", "auto", "required"] | ToolChoiceObject, BeforeValidator(_tool_choice)]
 
 
 def _bad(message: str, param: str) -> APIError:
