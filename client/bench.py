@@ -6,7 +6,10 @@
 2. transformers `generate` on static batches of `--concurrency` prompts (left padded): the
    forward-pass limit with no serving at all;
 3. `transformers serve --continuous-batching` on the same model, driven by client.load (OpenAI API);
-4. this project (tritonserver + frontend), driven by client.load.
+4. this project (tritonserver + frontend), driven by client.load;
+5. the same with structured output: every request constrained by one JSON schema (vLLM's
+   `structured_outputs`, long enough to fill the output), and the grammar mask's share of the time
+   of the steps that applied it (the engine's `grammar_mask_seconds` / `grammar_step_seconds`).
 
 Greedy, every request generates exactly `--output-len` tokens (min_new_tokens for 1-2, ignore_eos for
 4; the bench model never emits its end tokens, which covers 3, whose API has no ignore_eos). For 1-2
@@ -48,7 +51,36 @@ NAMES = {
     "2": "(2) transformers generate, static batch",
     "3": "(3) transformers serve --continuous-batching",
     "4": "(4) tritonlm",
+    "5": "(5) tritonlm, json_schema",
 }
+# (5)'s schema: an array of 32 small objects, far more than --output-len tokens, so every request
+# generates exactly output-len tokens like (4), inside the grammar.
+BENCH_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 9999},
+            "name": {"type": "string", "minLength": 2, "maxLength": 12},
+            "kind": {"enum": ["a", "b", "c"]},
+        },
+        "required": ["id", "name", "kind"],
+        "additionalProperties": False,
+    },
+    "minItems": 32,
+    "maxItems": 32,
+}
+_GRAMMAR_STATS = ("grammar_mask_seconds", "grammar_step_seconds", "grammar_steps")
+
+
+def engine_stats(metrics_url: str) -> dict[str, float]:
+    """The engine's gauges (tritonlm_engine{stat=...}) from Triton's metrics endpoint."""
+    stats = {}
+    for line in httpx.get(metrics_url, timeout=10).text.splitlines():
+        if line.startswith('tritonlm_engine{stat="'):
+            name, _, value = line.removeprefix('tritonlm_engine{stat="').partition('"} ')
+            stats[name] = float(value)
+    return stats
 
 
 def free_port() -> int:
@@ -205,7 +237,7 @@ def _api_for(frontend: str, wanted: str) -> str:
 
 
 def run_ours(
-    model_dir: Path, prompts: list[Prompt], args: argparse.Namespace, logs: Path
+    model_dir: Path, prompts: list[Prompt], args: argparse.Namespace, logs: Path, structured: bool = False
 ) -> tuple[dict, list]:
     ports = launcher.Ports(frontend=free_port(), http=free_port(), grpc=free_port(), metrics=free_port())
     triton = launcher.start_triton(ports, model_dir, logs / "tritonserver.log")
@@ -215,10 +247,11 @@ def run_ours(
         frontend = launcher.start_frontend(ports, model_dir.name, logs / "frontend.log")
         http = f"http://127.0.0.1:{ports.frontend}"
         launcher.wait_ready(f"{http}/health", frontend, 120, "frontend")
-        api = _api_for(http, args.api)
-        args.api_used = api
+        api = "openai" if structured else _api_for(http, args.api)
+        args.api_used = args.api_used or api
         url = f"127.0.0.1:{ports.grpc}" if api == "grpc" else http
-        return asyncio.run(
+        metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
+        report, results = asyncio.run(
             load.benchmark(
                 api,
                 url,
@@ -228,9 +261,17 @@ def run_ours(
                 ignore_eos=True,
                 warmup=args.concurrency,
                 seed=args.seed,
-                desc=NAMES["4"] + f" ({api})",
+                desc=NAMES["5" if structured else "4"] + f" ({api})",
+                extra={"structured_outputs": {"json": BENCH_SCHEMA}} if structured else None,
             )
         )
+        if structured:
+            time.sleep(1.5)  # the engine publishes its statistics every 0.5 s
+            stats = engine_stats(metrics)
+            report.update({name: stats.get(name, 0.0) for name in _GRAMMAR_STATS})
+            step = report["grammar_step_seconds"]
+            report["grammar_mask_fraction"] = report["grammar_mask_seconds"] / step if step else 0.0
+        return report, results
     finally:
         if frontend is not None:
             launcher.stop(frontend)
@@ -303,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model-dir", type=Path, default=BENCH_MODEL_DIR)
-    parser.add_argument("--systems", default="1234", help="which of 1-4 to run, e.g. 24")
+    parser.add_argument("--systems", default="12345", help="which of 1-5 to run, e.g. 245")
     parser.add_argument(
         "--api",
         choices=("auto", *load.APIS),
@@ -348,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         "2": lambda: run_generate(model_dir, prompts, args.concurrency, NAMES["2"]),
         "3": lambda: run_peer(model_dir, prompts, args, logs),
         "4": lambda: run_ours(model_dir, prompts, args, logs),
+        "5": lambda: run_ours(model_dir, prompts, args, logs, structured=True),
     }
     reports: dict[str, dict] = {}
     requests: dict[str, list] = {}
@@ -389,6 +431,18 @@ def main(argv: list[str] | None = None) -> int:
                 got = ours / reports[key]["output_throughput"]
                 verdict = "ok" if got >= target else "BELOW TARGET"
                 print(f"(4) / {NAMES[key][:3]} = {got:.2f}x (target >= {target}x): {verdict}")
+    if "5" in reports:
+        fraction = reports["5"]["grammar_mask_fraction"]
+        verdict = "ok" if fraction < 0.1 else "ABOVE TARGET"
+        ratio = (
+            f"{reports['5']['output_throughput'] / reports['4']['output_throughput']:.2f}x of (4), "
+            if "4" in reports
+            else ""
+        )
+        print(
+            f"(5) json_schema: {ratio}grammar mask {fraction:.1%} of its steps' time "
+            f"(target < 10%): {verdict}"
+        )
     for key, r in reports.items():
         if r["total_output_tokens"] != output_tokens or r["failed"]:
             print(

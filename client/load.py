@@ -181,8 +181,17 @@ def _tgi_tokens(event: Any) -> int | None:
 class Backend:
     """Sends one prompt to one API; `open`/`close` hold the shared connection pool or channel."""
 
-    def __init__(self, api: str, url: str, model: str | None, ignore_eos: bool, concurrency: int):
+    def __init__(
+        self,
+        api: str,
+        url: str,
+        model: str | None,
+        ignore_eos: bool,
+        concurrency: int,
+        extra: dict | None = None,
+    ):
         self.api, self.url, self.model, self.ignore_eos = api, url.rstrip("/"), model, ignore_eos
+        self.extra = extra or {}  # more body fields for the OpenAI API (e.g. structured_outputs)
         self.concurrency = concurrency
         self.http: httpx.AsyncClient | None = None
         self.grpc: Any = None
@@ -223,6 +232,7 @@ class Backend:
             }
             if self.ignore_eos:
                 body["ignore_eos"] = True  # vLLM's extension; strict peers reject it
+            body.update(self.extra)
             return _http_stream(
                 self.http, f"{self.url}/v1/completions", body, prompt, _openai_tokens, _openai_usage
             )
@@ -433,9 +443,11 @@ async def benchmark(
     seed: int = 0,
     progress: bool = True,
     desc: str = "requests",
+    extra: dict | None = None,
 ) -> tuple[dict[str, Any], list[Result]]:
-    """Warm up with `warmup` short requests, then run the prompts; returns (report, results)."""
-    backend = Backend(api, url, model, ignore_eos, concurrency)
+    """Warm up with `warmup` short requests, then run the prompts; returns (report, results).
+    `extra`: more body fields for every OpenAI request."""
+    backend = Backend(api, url, model, ignore_eos, concurrency, extra)
     await backend.open()
     try:
         if warmup:

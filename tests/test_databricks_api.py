@@ -97,7 +97,7 @@ def test_error_behavior_truncate(servers):
         ({"messages": MESSAGES, "top_k": 0}, "top_k"),
         ({"messages": MESSAGES, "n": 0}, "n"),
         ({"messages": MESSAGES, "top_logprobs": 2}, "top_logprobs"),
-        ({"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": MESSAGES, "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         ({"messages": MESSAGES, "model": "x"}, "model"),  # the endpoint name selects the model
         ({"prompt": "Hi", "error_behavior": "ignore"}, "error_behavior"),
         ({"prompt": [], "max_tokens": 2}, "prompt"),

@@ -21,6 +21,7 @@ from tritonlm.engine.loop import Engine
 from tritonlm.sampling.logits_processors import (
     BadWords,
     EmbeddingBias,
+    GrammarMask,
     LogitsPipeline,
     LogitsProcessor,
     MinLength,
@@ -207,6 +208,7 @@ def test_the_default_order():
         BadWords,
         MinLength,
         Watermark,
+        GrammarMask,
     ]
 
 
@@ -303,7 +305,7 @@ def test_bad_watermark_settings_name_the_setting(name, value):
 def test_the_sampler_reads_no_environment(monkeypatch):
     monkeypatch.setenv("WATERMARK_GAMMA", "0.1")
     monkeypatch.setenv("WATERMARK_DELTA", "9")
-    watermark = default_pipeline().processors[-1]
+    watermark = default_pipeline().processors[-2]  # before the grammar mask
     assert isinstance(watermark, Watermark) and (watermark.gamma, watermark.delta) == (0.5, 2.0)
 
 

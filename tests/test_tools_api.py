@@ -216,6 +216,7 @@ def test_real_model_calls_the_weather_tool_for_paris():
             messages=[{"role": "user", "content": "What is the weather in Paris?"}],
             tools=[weather],
             tool_choice="required",
+            parallel_tool_calls=False,
             temperature=0,
             max_tokens=60,
         )

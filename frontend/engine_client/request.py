@@ -32,8 +32,20 @@ _PARAMS = {
     "chat_tools": "tools",
     "stop_token_ids": "stop_token_ids",
     "num_top_log_probs": "logprobs",
+    "guided_decoding_guide": "guide",
+    "guided_decoding_guide_type": "guide",
 }
 _LEADING_NAME = re.compile(r"^(\w+)")
+
+
+@dataclass(frozen=True)
+class Guide:
+    """What the output must match, enforced by the engine's grammar (guided decoding): `type` is one
+    of contract.GUIDE_TYPES (json: any JSON object; json_schema, regex, ebnf_grammar, structural_tag:
+    `text` is the schema, pattern, grammar or tag description)."""
+
+    type: str
+    text: str = ""
 
 
 @dataclass
@@ -69,9 +81,11 @@ class Job:
     truncate_to_fit: bool = False  # Databricks' error_behavior "truncate"
     stream: bool = False
     stream_usage: bool = True  # usage on the last chunk of a stream
-    # The API's names of the prompt and the token limit, for errors the models report.
+    guide: Guide | None = None  # constrain the output (guided decoding)
+    # The API's names of the prompt, the token limit and the guide, for errors the models report.
     prompt_param: str = "prompt"
     max_tokens_param: str = "max_tokens"
+    guide_param: str = "response_format"
 
     @property
     def ranked(self) -> bool:
@@ -131,6 +145,9 @@ class Job:
             values["skip_special_tokens"] = False
         if self.include_stop_str_in_output:
             values["include_stop_str_in_output"] = True
+        if self.guide is not None:
+            values["guided_decoding_guide_type"] = self.guide.type
+            values["guided_decoding_guide"] = self.guide.text
         if self.with_logprobs:
             values["return_log_probs"] = True
             if self.logprobs:
@@ -166,7 +183,11 @@ class Job:
         param = _PARAMS.get(match.group(1)) if match else None
         if param is None:
             return error
-        param = {"max_tokens": self.max_tokens_param, "prompt": self.prompt_param}.get(param, param)
+        param = {
+            "max_tokens": self.max_tokens_param,
+            "prompt": self.prompt_param,
+            "guide": self.guide_param,
+        }.get(param, param)
         error.message = re.sub(rf"\b{match.group(1)}\b", param, error.message)
         error.param = param
         return error

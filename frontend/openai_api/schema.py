@@ -17,7 +17,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
 from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
-from frontend.engine_client.request import Job
+from frontend.engine_client import guides
+from frontend.engine_client.request import Guide, Job
 from frontend.errors import APIError
 
 MAX_INT32 = 2**31 - 1
@@ -317,6 +318,8 @@ class ChatCompletionRequest(BaseModel):
     logprobs: Flag = None
     top_logprobs: Annotated[int | None, number(0, MAX_TOP_LOGPROBS, integer=True)] = None
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # structured output (frontend.engine_client.guides)
+    structured_outputs: dict[str, Any] | None = None  # vLLM's
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: Flag = None
@@ -335,9 +338,29 @@ class ChatCompletionRequest(BaseModel):
             max_tokens_param="max_completion_tokens" if self.max_completion_tokens else "max_tokens",
         )
         _max_tokens(job, self.min_tokens, job.max_tokens_param)
+        _guide(job, self.response_format, self.structured_outputs)
         _chat_logprobs(job, self.logprobs, self.top_logprobs)
         _sequences(job, self.n, self.best_of, bool(self.use_beam_search), job.stream)
         return job
+
+
+def _guide(job: Job, response_format: Any, structured_outputs: Any) -> None:
+    """Structured output: OpenAI's response_format or vLLM's structured_outputs, not both; or the
+    call that tool_choice required / a named function asks for."""
+    if response_format is not None and structured_outputs is not None:
+        raise bad_request("give response_format or structured_outputs, not both", "structured_outputs")
+    job.guide = guides.response_format(response_format) or guides.structured_outputs(structured_outputs)
+    job.guide_param = "structured_outputs" if structured_outputs is not None else "response_format"
+    _tools_guide(job)
+
+
+def _tools_guide(job: Job) -> None:
+    """tool_choice required or a named function: the grammar makes the reply that call."""
+    if job.tools is None or not job.tools.guided:
+        return
+    if job.guide is not None:
+        raise bad_request(f"cannot be combined with tool_choice {job.tools.choice!r}", job.guide_param)
+    job.guide, job.guide_param = Guide("json_schema", job.tools.guide_json()), "tools"
 
 
 def _chat_logprobs(job: Job, logprobs: bool | None, top_logprobs: int | None) -> None:
@@ -379,6 +402,8 @@ class CompletionRequest(BaseModel):
     ignore_eos: Flag = None
     skip_special_tokens: Flag = None
     echo: Flag = None
+    response_format: dict[str, Any] | None = None  # structured output (frontend.engine_client.guides)
+    structured_outputs: dict[str, Any] | None = None  # vLLM's
 
     def to_job(self) -> Job:
         job = Job(
@@ -389,6 +414,7 @@ class CompletionRequest(BaseModel):
             echo=bool(self.echo),
         )
         _max_tokens(job, self.min_tokens, "max_tokens")
+        _guide(job, self.response_format, self.structured_outputs)
         _sequences(job, self.n, self.best_of, bool(self.use_beam_search), job.stream)
         return job
 
@@ -415,12 +441,6 @@ def _databricks_sampling(request: DatabricksChatRequest | DatabricksCompletionRe
     }
 
 
-class ResponseFormat(BaseModel):
-    model_config = _CONFIG
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: dict[str, Any] | None = None
-
-
 class DatabricksChatRequest(BaseModel):
     model_config = _CONFIG
 
@@ -435,15 +455,11 @@ class DatabricksChatRequest(BaseModel):
     tool_choice: ToolChoice | None = None
     tools: list[Tool] | None = None
     parallel_tool_calls: Flag = None
-    response_format: ResponseFormat | None = None
+    response_format: dict[str, Any] | None = None  # seed 002: text, json_object, json_schema
     logprobs: Flag = None
     top_logprobs: Annotated[int | None, number(0, MAX_TOP_LOGPROBS, integer=True)] = None
 
     def to_job(self) -> Job:
-        if self.response_format is not None and self.response_format.type != "text":
-            raise bad_request(
-                'structured outputs are not supported by this server; only "text"', "response_format"
-            )
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("needs logprobs true", "top_logprobs")  # seed 002's rule
         job = Job(
@@ -454,6 +470,8 @@ class DatabricksChatRequest(BaseModel):
             prompt_param="messages",
         )
         job.n = job.best_of = self.n or 1  # Databricks has no n > 1 temperature rule
+        job.guide = guides.response_format(self.response_format, name_required=True)  # seed 002
+        _tools_guide(job)
         return job
 
 

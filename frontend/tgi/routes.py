@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
+from frontend.engine_client.guides import tgi_grammar
 from frontend.engine_client.request import Job
 from frontend.engine_client.steps import (
     Generation,
@@ -74,8 +75,10 @@ def plan(req: GenerateRequest) -> Job:
         stop=list(p.stop or []),
         truncate=p.truncate,
         logprobs=0 if p.details or p.decoder_input_details else None,  # the chosen tokens' only
+        guide=tgi_grammar(p.grammar),
         prompt_param="inputs",
         max_tokens_param="max_new_tokens",
+        guide_param="parameters.grammar",
     )
 
 

@@ -120,6 +120,7 @@ class GenerateParameters(BaseModel):
         list[str] | None, BeforeValidator(_stop, json_schema_input_type=str | list[str] | None)
     ] = None
     adapter_id: Annotated[str | None, BeforeValidator(_adapter)] = ADAPTER_NONE
+    grammar: dict[str, Any] | None = None  # {type: json | regex, value} (frontend.engine_client.guides)
 
 
 class GenerateRequest(BaseModel):

@@ -27,8 +27,10 @@ from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.scheduler import Scheduler
 from tritonlm.engine.sequence import Sequence, Status, TokenTiming
 from tritonlm.engine.stopping import finish_reason, text_stream
-from tritonlm.sampling.logits_processors import default_pipeline
+from tritonlm.errors import CLIENT_ERROR_MARKER, overloaded_message
+from tritonlm.sampling.logits_processors import GrammarMask, default_pipeline
 from tritonlm.sampling.sampler import sample
+from tritonlm.structured_output import Grammars, GrammarState
 from tritonlm.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,10 @@ class Engine:
             self.blocks, config.max_num_seqs, config.max_num_batched_tokens, config.max_queue_size
         )
         self.logits_processors = default_pipeline(config)
+        # Structured output: compiles guides off this loop (needs the tokenizer's vocabulary).
+        self.grammars = Grammars(tokenizer, runner.vocab_size) if tokenizer is not None else None
+        self.grammar_mask = next(p for p in self.logits_processors.processors if isinstance(p, GrammarMask))
+        self.grammar_step_seconds = 0.0  # total time of the steps that applied a grammar mask
         self.wakeup = threading.Condition()  # guards the scheduler's waiting queue
         self.stopped = False
         self.steps = 0
@@ -62,8 +68,34 @@ class Engine:
         request = seq.request
         seq.generator = request.params.make_generator(self.runner.device)
         seq.text = text_stream(request, self.tokenizer)
+        if request.guide is not None:
+            # It joins the queue once compiled (now, when cached); others go on meanwhile.
+            seq.grammar = self._grammar(seq)
+            seq.grammar.compiled.add_done_callback(lambda _: self._compiled(seq))
+            return True
+        return self._enqueue(seq)
+
+    def _grammar(self, seq: Sequence) -> GrammarState:
+        if self.grammars is None:
+            raise RuntimeError("structured output needs the engine's tokenizer")
+        guide, params = seq.request.guide, seq.params
+        stop_ids = ([params.end_id] if params.end_id >= 0 else []) + params.stop_token_ids
+        return GrammarState(self.grammars.compile(guide.type, guide.text), stop_ids)
+
+    def _compiled(self, seq: Sequence) -> None:
+        """When its grammar is compiled (on the compiling thread, or in `add` when it was cached):
+        queue the sequence, or fail it alone (a bad guide is the client's mistake: the error names
+        the guide tensor; a full queue refuses it)."""
+        error = seq.grammar.compiled.exception()
+        if error is None and self._enqueue(seq):
+            return
+        seq.status = Status.FINISHED
+        seq.out.error = str(error) if error is not None else overloaded_message(len(self.scheduler.waiting))
+        self._retire(seq, "error")
+
+    def _enqueue(self, seq: Sequence) -> bool:
         runs = seq
-        if request.beam_width > 1:  # the request waits for its beams, which the scheduler runs
+        if seq.request.beam_width > 1:  # the request waits for its beams, which the scheduler runs
             seq.group = BeamGroup(seq, self.runner.config.max_seq_len)
             runs = seq.group.beams[0]
         with self.wakeup:
@@ -78,6 +110,8 @@ class Engine:
         with self.wakeup:
             self.stopped = True
             self.wakeup.notify()
+        if self.grammars is not None:
+            self.grammars.close()
 
     def stats(self) -> dict[str, float]:
         blocks = self.blocks.stats()
@@ -96,6 +130,10 @@ class Engine:
             "steps": self.steps,
             "max_batch_size_seen": self.max_batch_size_seen,
             "tokens_generated": self.tokens_generated,
+            # Structured output: steps with constrained rows, their time, and the masking's share.
+            "grammar_steps": self.grammar_mask.steps,
+            "grammar_step_seconds": self.grammar_step_seconds,
+            "grammar_mask_seconds": self.grammar_mask.seconds,
         }
 
     # -- the loop thread ----------------------------------------------------------------------
@@ -179,8 +217,11 @@ class Engine:
         plain = [i for i, s in enumerate(sampled) if s.group is None]
         logits = out.logits[plain] if len(plain) < len(sampled) else out.logits
         inputs = [sampled[i].sampler_input() for i in plain]
+        masked = self.grammar_mask.steps
         tokens, log_probs = sample(logits, inputs, self.logits_processors) if plain else ([], None)
         end = time.perf_counter()
+        if self.grammar_mask.steps != masked:
+            self.grammar_step_seconds += end - start
 
         self.steps += 1
         self.max_batch_size_seen = max(self.max_batch_size_seen, len(batch))
@@ -230,6 +271,15 @@ class Engine:
         )
         seq.last_event = end
         seq.output_ids.append(token)
+        if seq.grammar is not None and not seq.grammar.sync(seq.output_ids):
+            # Only when other rules banned every token the grammar allows (e.g. min_length, bad_words).
+            self.scheduler.finish(seq)
+            out.error = (
+                f"{CLIENT_ERROR_MARKER} guided_decoding_guide: the grammar allows no token that the "
+                "other settings (min_length, bad_words) allow"
+            )
+            self._retire(seq, "error", new_tokens=1)
+            return
         if seq.params.return_generation_logits:
             out.generation_logits.append(logits[row].float().cpu())
         if log_probs is not None and seq.params.return_log_probs:

@@ -64,6 +64,15 @@ class PromptEmbeds:
         return keyed
 
 
+@dataclass(frozen=True)
+class Guide:
+    """Guided decoding: `type` is one of contract.GUIDE_TYPES; `text` the schema, regex, grammar or
+    structural tag ("" for type json: any JSON object)."""
+
+    type: str
+    text: str = ""
+
+
 @dataclass(frozen=True, eq=False)
 class Request:
     prompt_ids: tuple[int, ...]
@@ -82,6 +91,8 @@ class Request:
     key: int = field(default_factory=lambda: next(_keys))  # unique per request
     arrival: float = field(default_factory=time.perf_counter)
     prompt_embeds: PromptEmbeds | None = None  # rows fed instead of the ids at some prompt positions
+    guide: Guide | None = None  # structured output: what the output must match
+
 
     @property
     def needs_prompt_logits(self) -> bool:

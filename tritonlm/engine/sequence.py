@@ -17,6 +17,7 @@ import torch
 from tritonlm.engine.request import Request
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.sampling.sampler import SamplerInput
+from tritonlm.structured_output import GrammarState
 from tritonlm.text.stream import TextStream
 
 
@@ -76,6 +77,9 @@ class Sequence:
     # and a preemption drops them. Only for a decoding sequence (one pending token).
     spec_tokens: list[int] = field(default_factory=list)
     generator: torch.Generator | None = None  # a sampling request's own random stream
+    # Structured output: the grammar its output must match (structured_output.GrammarState).
+    # Constrained sequences take no proposals (spec_tokens): the mask covers one token per step.
+    grammar: GrammarState | None = None
     group: object | None = None  # the BeamGroup of a beam-search request and of each of its beams
     is_cancelled: Callable[[], bool] = lambda: False  # set by the Triton adapter
     # Its text, made once on the loop thread (stop strings, text_output); None when nobody asked
@@ -123,4 +127,6 @@ class Sequence:
         return [*prompt[start:], *self.output_ids[: end - n]]
 
     def sampler_input(self) -> SamplerInput:
-        return SamplerInput(self.params, self.request.prompt_ids, self.output_ids, self.generator)
+        return SamplerInput(
+            self.params, self.request.prompt_ids, self.output_ids, self.generator, self.grammar
+        )

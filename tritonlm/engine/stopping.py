@@ -32,6 +32,8 @@ def finish_reason(seq: Sequence, max_seq_len: int) -> str:
     params = request.params
     if output[-1] == params.end_id:  # the sampler bans end_id before min_length
         return "end_id"
+    if seq.grammar is not None and seq.grammar.terminated and not seq.grammar.stop_ids:
+        return "end_id"  # no end token (ignore_eos): the grammar's completion is the end
     if len(output) < params.min_length:  # stop words count from min_length on
         return _length_reason(seq, max_seq_len)
     for word in request.stop_words:

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from tritonlm.structured_output import GrammarState
 
 
 @dataclass
@@ -53,6 +57,7 @@ class SamplerInput:
     prompt_ids: tuple[int, ...]
     output_ids: list[int]
     generator: torch.Generator | None
+    grammar: GrammarState | None = None  # structured output: the sequence's grammar, else None
 
     @property
     def tokens(self) -> list[int]:

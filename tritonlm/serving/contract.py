@@ -92,7 +92,13 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     # Detokenization settings: the engine only echoes them, for postprocessing (see below).
     _scalar("skip_special_tokens", "BOOL", True),
     _scalar("include_stop_str_in_output", "BOOL", False),
+    # Guided decoding, as TensorRT-LLM's Triton backend names it: the guide's kind (one of
+    # GUIDE_TYPES) and the guide itself (a JSON schema, a regex, an EBNF grammar, a structural tag).
+    _scalar("guided_decoding_guide_type", "BYTES"),
+    _scalar("guided_decoding_guide", "BYTES"),
 )
+
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 
 # Inputs declared for the contract but not implemented yet: a request that sets them is rejected
 # with an error naming the tensor, never silently ignored.
@@ -281,6 +287,8 @@ ENSEMBLE_INPUTS: tuple[tuple[Tensor, str], ...] = (
     (_scalar("return_prompt_log_probs", "BOOL"), "engine.return_prompt_log_probs"),
     (_scalar("skip_special_tokens", "BOOL"), "engine.skip_special_tokens"),
     (_scalar("include_stop_str_in_output", "BOOL"), "engine.include_stop_str_in_output"),
+    (_scalar("guided_decoding_guide_type", "BYTES"), "engine.guided_decoding_guide_type"),
+    (_scalar("guided_decoding_guide", "BYTES"), "engine.guided_decoding_guide"),
 )
 
 # Ensemble outputs: every postprocessing output, without the out_ prefix.

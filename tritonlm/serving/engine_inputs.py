@@ -7,11 +7,11 @@ import math
 import numpy as np
 import torch
 
-from tritonlm.engine.request import Request
+from tritonlm.engine.request import Guide, Request
 from tritonlm.errors import InvalidRequest
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.serving import contract
-from tritonlm.text.preprocess import strings
+from tritonlm.text.preprocess import as_text, strings
 from tritonlm.text.tokenization import list_to_words
 
 _INPUTS = contract.by_name(contract.ENGINE_INPUTS)
@@ -127,6 +127,11 @@ def parse_request(
         )
         _check(not params.watermark, "watermark: not available with beam search")
         _check(not stop_strings, "stop_strings: beam search stops on single-token stop words only")
+    guide = parse_guide(tensors)
+    if guide is not None:
+        _check(beam_width == 1, "guided_decoding_guide: not available with beam search (beam_width > 1)")
+        # The grammar mask covers one token per step; drafts would be verified unconstrained.
+        _check("draft_input_ids" not in tensors, "draft_input_ids: not available with guided decoding")
     if "pad_id" in tensors:  # packed batches never pad; still, a bad id is the client's mistake
         number("pad_id", 0, vocab_size - 1)
     if "embedding_bias" in tensors:
@@ -146,4 +151,27 @@ def parse_request(
         text_wanted=text_wanted,
         skip_special_tokens=bool(_scalar(tensors, "skip_special_tokens")),
         include_stop_str_in_output=bool(_scalar(tensors, "include_stop_str_in_output")),
+        guide=guide,
     )
+
+
+def _text(tensors: dict[str, np.ndarray], name: str) -> str | None:
+    if name not in tensors:
+        return None
+    _check(tensors[name].size == 1, f"{name}: expected one value, got shape {list(tensors[name].shape)}")
+    return as_text(tensors[name].reshape(-1)[0], name)
+
+
+def parse_guide(tensors: dict[str, np.ndarray]) -> Guide | None:
+    """The guided-decoding pair (TensorRT-LLM's names). The guide itself is checked when it
+    compiles (structured_output.Grammars), off the engine loop."""
+    kind, text = _text(tensors, "guided_decoding_guide_type"), _text(tensors, "guided_decoding_guide")
+    if kind is None:
+        _check(text is None, "guided_decoding_guide: needs guided_decoding_guide_type")
+        return None
+    _check(
+        kind in contract.GUIDE_TYPES,
+        f"guided_decoding_guide_type: must be one of {', '.join(contract.GUIDE_TYPES)}, got {kind!r}",
+    )
+    _check(kind == "json" or bool(text), f"guided_decoding_guide: required with guide type {kind}")
+    return Guide(kind, text or "")

@@ -10,8 +10,8 @@ The engine's order (`default_pipeline`), transformers' and TGI's:
 5. bad words                      (bad_words.py)
 6. min_length                     (min_length.py)           bans the end id and one-token stop words
 7. watermark                      (watermark.py)            gamma/delta: the engine's settings
-8. (slot) a grammar token mask, for structured output: last, so that what it forbids stays
-   forbidden whatever the others add; adding it is one line in `default_pipeline`.
+8. grammar token mask              (grammar.py)              structured output: last, so that what
+   it forbids stays forbidden whatever the others add
 
 The bans (4-6) only write -inf, so their order among themselves does not matter; the value changes
 (1-3, 7) do not commute, hence the fixed order. Sampling runs the pipeline on raw logits, beam
@@ -25,6 +25,7 @@ from tritonlm.config import EngineConfig
 from tritonlm.sampling.logits_processors.bad_words import BadWords
 from tritonlm.sampling.logits_processors.base import LogitsPipeline, LogitsProcessor
 from tritonlm.sampling.logits_processors.embedding_bias import EmbeddingBias
+from tritonlm.sampling.logits_processors.grammar import GrammarMask
 from tritonlm.sampling.logits_processors.min_length import MinLength
 from tritonlm.sampling.logits_processors.no_repeat_ngram import NoRepeatNGram
 from tritonlm.sampling.logits_processors.presence_frequency import PresenceFrequencyPenalty
@@ -34,6 +35,7 @@ from tritonlm.sampling.logits_processors.watermark import Watermark
 __all__ = [
     "BadWords",
     "EmbeddingBias",
+    "GrammarMask",
     "LogitsPipeline",
     "LogitsProcessor",
     "MinLength",
@@ -58,6 +60,6 @@ def default_pipeline(config: EngineConfig | None = None) -> LogitsPipeline:
             BadWords(),
             MinLength(),
             Watermark(config.watermark_gamma, config.watermark_delta),
-            # 8: the grammar token mask goes here.
+            GrammarMask(),
         ]
     )

@@ -1,0 +1,96 @@
+"""Guides → compiled xgrammar grammars: one compiler per model, compilation on a thread pool (never
+on the engine loop), results cached by guide."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import xgrammar as xgr
+
+from tritonlm.errors import InvalidRequest
+from tritonlm.serving.contract import GUIDE_TYPES
+
+GUIDE_TENSOR = "guided_decoding_guide"  # errors name the tensor; the frontend renames it
+
+# "json" (TensorRT-LLM's JSON mode; OpenAI's json_object): any JSON object.
+_ANY_OBJECT = '{"type": "object"}'
+# xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: " and maybe "Check failed: ... : ".
+_NOISE = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")
+
+
+def _message(error: Exception) -> str:
+    text = str(error).strip()
+    return _NOISE.sub("", text.splitlines()[0] if text else type(error).__name__)
+
+
+class Grammars:
+    """Compiles guides for one model's vocabulary.
+
+    `vocab_size` is the model's logits width (it may exceed the tokenizer's length: padded
+    embeddings); tokens beyond the tokenizer are never allowed. JSON is compiled without free
+    whitespace (xgrammar's `any_whitespace=False`): a model may otherwise loop on spaces forever.
+    """
+
+    def __init__(self, tokenizer: Any, vocab_size: int, workers: int = 2, cache_size: int = 256):
+        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)
+        # Two compiles at a time: one slow guide does not hold every other guided request.
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar-compile")
+        self.cache: OrderedDict[tuple[str, str], Future[xgr.CompiledGrammar]] = OrderedDict()
+        self.cache_size = cache_size
+        self.lock = threading.Lock()
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size
+
+    def compile(self, guide_type: str, guide: str) -> Future[xgr.CompiledGrammar]:
+        """The compiled grammar, soon: a done future when cached. A bad guide makes the future
+        raise `InvalidRequest` naming the guide tensor."""
+        key = (guide_type, guide)
+        with self.lock:
+            future = self.cache.get(key)
+            if future is None:
+                future = self.pool.submit(self._compile, guide_type, guide)
+                self.cache[key] = future
+                while len(self.cache) > self.cache_size:
+                    self.cache.popitem(last=False)
+            else:
+                self.cache.move_to_end(key)
+        return future
+
+    def _compile(self, guide_type: str, guide: str) -> xgr.CompiledGrammar:
+        try:
+            return self._build(guide_type, guide)
+        except InvalidRequest:
+            raise
+        except Exception as error:  # xgrammar reports bad guides as RuntimeError / ValueError
+            raise InvalidRequest(f"{GUIDE_TENSOR}: invalid {guide_type}: {_message(error)}") from None
+
+    def _build(self, guide_type: str, guide: str) -> xgr.CompiledGrammar:
+        compiler = self.compiler
+        if guide_type == "json":
+            return compiler.compile_json_schema(guide or _ANY_OBJECT, any_whitespace=False)
+        if guide_type == "json_schema":
+            try:
+                schema = json.loads(guide)
+            except ValueError as error:
+                raise InvalidRequest(f"{GUIDE_TENSOR}: the JSON schema is not valid JSON: {error}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise InvalidRequest(f"{GUIDE_TENSOR}: a JSON schema must be an object")
+            return compiler.compile_json_schema(guide, any_whitespace=False)
+        if guide_type == "regex":
+            return compiler.compile_regex(guide)
+        if guide_type == "ebnf_grammar":
+            return compiler.compile_grammar(guide)
+        if guide_type == "structural_tag":
+            return compiler.compile_structural_tag(guide)
+        raise InvalidRequest(f"guided_decoding_guide_type: must be one of {', '.join(GUIDE_TYPES)}")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
