@@ -23,6 +23,7 @@ def test_parsers_from_the_template():
     assert chat_format.tool_parser(CHATML) == "hermes"  # the tools are injected in Hermes' format
     assert chat_format.reasoning_parser(CHATML) == "none"
     assert chat_format.tool_parser(LLAMA3) == "llama3_json"
+    assert chat_format.tool_parser("{% if tools %}<｜tool▁calls▁begin｜>{% endif %}") == "deepseek"
 
 
 def test_tools_written_into_a_conversation():

@@ -22,6 +22,11 @@ QWEN3 = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 )
 LLAMA3 = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}'
+DEEPSEEK = (
+    "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+    '{"city": "Paris"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n'
+    "```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+)
 REQUIRED = (
     '[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
     '{"name": "get_time", "arguments": {"tz": "CET"}}]'
@@ -125,3 +130,14 @@ def test_guided_outputs(size: int) -> None:
     assert calls[0]["function"]["name"] == "get_weather"
     _, _, calls, deltas = read(ReplyReader(tools=NamedCallParser("f")), ' {"a": [1, "}"]}', size)
     assert calls[0]["function"] == {"name": "f", "arguments": '{"a": [1, "}"]}'}
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 5, 13])
+def test_deepseek_calls(size: int) -> None:
+    _, content, calls, deltas = read(ReplyReader(tools=make_parser("deepseek")), DEEPSEEK, size)
+    assert content == "Sure."
+    assert [c["function"] for c in calls] == [
+        {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"name": "get_time", "arguments": "{}"},
+    ]
+    assert streamed_arguments(deltas) == {0: '{"city": "Paris"}', 1: "{}"}

@@ -93,7 +93,6 @@ class Request:
     prompt_embeds: PromptEmbeds | None = None  # rows fed instead of the ids at some prompt positions
     guide: Guide | None = None  # structured output: what the output must match
 
-
     @property
     def needs_prompt_logits(self) -> bool:
         """The logits of every prompt position are wanted (so no prefix-cache reuse)."""

@@ -26,9 +26,13 @@ def supports_tools(template: str | None) -> bool:
 
 def tool_parser(template: str | None) -> str:
     """The tool-call format a template teaches its model (Hermes for templates without tools)."""
-    if template and supports_tools(template):
-        if "<|python_tag|>" in template or '"parameters": ' in template and "<tool_call>" not in template:
-            return "llama3_json"
+    if not supports_tools(template):
+        return "hermes"
+    assert template is not None
+    if "<｜tool▁calls▁begin｜>" in template:
+        return "deepseek"
+    if "<tool_call>" not in template and ("<|python_tag|>" in template or '"parameters": ' in template):
+        return "llama3_json"
     return "hermes"
 
 

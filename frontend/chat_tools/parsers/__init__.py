@@ -24,7 +24,7 @@ def held_prefix(text: str, tag: str) -> int:
 
 
 def parser_names() -> tuple[str, ...]:
-    return ("hermes", "llama3_json")
+    return ("hermes", "llama3_json", "deepseek")
 
 
 def make_parser(name: str) -> ToolParser:
@@ -37,4 +37,8 @@ def make_parser(name: str) -> ToolParser:
         from frontend.chat_tools.parsers.json_calls import Llama3JsonParser
 
         return Llama3JsonParser()
+    if name == "deepseek":
+        from frontend.chat_tools.parsers.deepseek import DeepSeekParser
+
+        return DeepSeekParser()
     raise ValueError(f"unknown tool parser {name!r}; one of {', '.join(parser_names())}")
