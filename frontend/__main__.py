@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
         "(default: the TRITONLM_STREAM_FULL_TEXT environment variable)",
     )
     parser.add_argument(
-        "--tool-parser", help="how the model writes tool calls: hermes (default) or llama3_json "
+        "--tool-parser", help="how the model writes tool calls: hermes (default), llama3_json or deepseek "
         "(the launcher picks it from the chat template; TRITONLM_TOOL_PARSER wins)"
     )  # fmt: skip
     parser.add_argument(
