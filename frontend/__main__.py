@@ -33,6 +33,14 @@ def main(argv: list[str] | None = None) -> None:
         help="OpenAI streams send the text so far in each chunk, and full_text on the last "
         "(default: the TRITONLM_STREAM_FULL_TEXT environment variable)",
     )
+    parser.add_argument(
+        "--tool-parser", help="how the model writes tool calls: hermes (default), llama3_json or deepseek "
+        "(the launcher picks it from the chat template; TRITONLM_TOOL_PARSER wins)"
+    )  # fmt: skip
+    parser.add_argument(
+        "--reasoning-parser", help="think (default: <think> blocks become reasoning_content) or none "
+        "(the launcher picks it from the chat template; TRITONLM_REASONING_PARSER wins)"
+    )  # fmt: skip
     parser.add_argument("--log-level", default="info")
     ops_settings.add_arguments(parser)
     parser.add_argument(
@@ -55,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         stream_full_text=args.stream_full_text,
         ops=ops,
         triton_server_id=args.triton_server_id,
+        tool_parser=args.tool_parser,
+        reasoning_parser=args.reasoning_parser,
     )
     uvicorn.run(
         app,

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 
 from frontend import errors
+from frontend.chat_tools.reply import check_parsers
 from frontend.databricks import routes as databricks
 from frontend.embeddings import routes as embeddings
 from frontend.engine_client.pipeline import Pipeline
@@ -28,6 +29,9 @@ from tritonlm.lora.format import parse_lora_modules
 # Server setting: stream chunks carry the text so far instead of the new text (seed 001's second
 # streaming example, MindIE's fullTextEnabled), and the last chunk a `full_text` field.
 STREAM_FULL_TEXT_ENV = "TRITONLM_STREAM_FULL_TEXT"
+# How chat replies are read (frontend.chat_tools): these variables override the parsers the
+# launcher picked from the chat template.
+TOOL_PARSER_ENV, REASONING_PARSER_ENV = "TRITONLM_TOOL_PARSER", "TRITONLM_REASONING_PARSER"
 
 
 def create_app(
@@ -39,6 +43,8 @@ def create_app(
     ops: OpsSettings | None = None,
     lora_adapters: list[str] | None = None,
     triton_server_id: str | None = None,
+    tool_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> FastAPI:
     """`triton`: an object with TritonClient's `stream`/`infer`/`ready` (tests pass a fake);
     by default a gRPC client for `triton_url`, opened on start-up inside the server's event loop.
@@ -74,6 +80,9 @@ def create_app(
     if stream_full_text is None:
         stream_full_text = os.environ.get(STREAM_FULL_TEXT_ENV, "").lower() in ("1", "true", "yes")
     app.state.stream_full_text = stream_full_text
+    app.state.tool_parser = os.environ.get(TOOL_PARSER_ENV) or tool_parser or "hermes"
+    app.state.reasoning_parser = os.environ.get(REASONING_PARSER_ENV) or reasoning_parser or "think"
+    check_parsers(app.state.tool_parser, app.state.reasoning_parser)
     if triton is not None:
         app.state.triton = triton
     errors.install(app)

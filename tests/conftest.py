@@ -79,7 +79,9 @@ def running_servers(model_dir: Path, settings: dict[str, str]) -> Iterator[Serve
     try:
         launcher.wait_ready(f"http://127.0.0.1:{ports.http}/v2/health/ready", triton, 300, "tritonserver")
         with mock.patch.dict(os.environ, settings):  # the frontend reads lora_modules as the engine does
-            frontend = launcher.start_frontend(ports, "default", log_dir / "frontend.log")
+            frontend = launcher.start_frontend(
+                ports, "default", log_dir / "frontend.log", model_dir=model_dir
+            )
         launcher.wait_ready(f"http://127.0.0.1:{ports.frontend}/health", frontend, 60, "frontend")
         yield Servers(ports, model_dir, "default", log_dir)
     except Exception:

@@ -157,7 +157,8 @@ def test_chat_template_generation_prompt_and_thinking(tokenizer) -> None:
     assert render(user, tokenize=False) == "<|im_start|>user\nhi<|im_end|>\n"
     prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert render(user, tokenize=False, add_generation_prompt=True) == prompt
-    assert render(user, tokenize=False, add_generation_prompt=True, enable_thinking=True) == prompt
+    thinking = render(user, tokenize=False, add_generation_prompt=True, enable_thinking=True)
+    assert thinking == prompt + "<think>\n"  # opt-in: the prompt opens the thought (DeepSeek-R1 style)
     no_think = render(user, tokenize=False, add_generation_prompt=True, enable_thinking=False)
     assert no_think == prompt + "<think>\n\n</think>\n\n"
 

@@ -344,7 +344,17 @@ BAD_CHAT = [
     ),
     ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(33)]}, "tools"),
+    ({"tools": [{"type": "web", "function": {"name": "f"}}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "any"}, "tool_choice"),
+    (
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        "tool_choice",
+    ),
+    ({"tool_choice": "required"}, "tool_choice"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"user": "me"}, "user"),
 ]

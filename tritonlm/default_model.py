@@ -108,7 +108,11 @@ CHAT_TEMPLATE = """\
 {%- endfor -%}
 {%- if add_generation_prompt -%}
   {{- '<|im_start|>assistant\\n' -}}
-  {%- if enable_thinking is defined and enable_thinking is false -%}
+  {#- Thinking is opt-in (this model never opens a thought itself): true opens it in the prompt,
+      as DeepSeek-R1 does; false writes an empty one, as Qwen3 does. -#}
+  {%- if enable_thinking is defined and enable_thinking is true -%}
+    {{- '<think>\\n' -}}
+  {%- elif enable_thinking is defined and enable_thinking is false -%}
     {{- '<think>\\n\\n</think>\\n\\n' -}}
   {%- endif -%}
 {%- endif -%}

@@ -32,6 +32,7 @@ from tritonlm import processes, smollm2
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
 from tritonlm.serving import contract
+from tritonlm.text import chat_format
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
@@ -136,7 +137,11 @@ def start_triton(
 
 
 def start_frontend(
-    ports: Ports, model_name: str, log_path: Path | None = None, server_id: str | None = None
+    ports: Ports,
+    model_name: str,
+    log_path: Path | None = None,
+    server_id: str | None = None,
+    model_dir: Path | None = None,
 ) -> subprocess.Popen:
     command = [
         sys.executable, "-m", "frontend",
@@ -148,6 +153,10 @@ def start_frontend(
     ]  # fmt: skip
     if server_id:
         command += ["--triton-server-id", server_id]
+    # The chat template says how the model writes tool calls and thoughts (TRITONLM_* variables win).
+    template = chat_format.read_template(model_dir or model_dir_from_env())
+    command += ["--tool-parser", chat_format.tool_parser(template)]
+    command += ["--reasoning-parser", chat_format.reasoning_parser(template)]
     if log_path is None:
         return processes.spawn(command, cwd=ROOT)
     with open(log_path, "ab") as out:
@@ -298,7 +307,9 @@ class Supervisor:
         """Starts both and waits until they serve; False if a stop was asked meanwhile."""
         if not self._start_triton():
             return False
-        self.frontend = start_frontend(self.ports, self.served_name, self.frontend_log, self.server_id)
+        self.frontend = start_frontend(
+            self.ports, self.served_name, self.frontend_log, self.server_id, self.model_dir
+        )
         url, tls = frontend_health(self.ports)
         return wait_ready(url, self.frontend, 120, "frontend", cancelled=lambda: self.stopping, context=tls)
 

@@ -58,7 +58,15 @@ async def invocations(name: str, request: Request, body: Annotated[Any, Body()])
 
 async def _chat(request: Request, name: str, req: DatabricksChatRequest) -> Response:
     model = resolve_model(request, name, "generate")
-    return await serve(request, Meta("chat", model, databricks=True), [req.to_job()])
+    state = request.app.state
+    meta = Meta(
+        "chat",
+        model,
+        databricks=True,
+        tool_parser=state.tool_parser,
+        reasoning_parser=state.reasoning_parser,
+    )
+    return await serve(request, meta, [req.to_job()])
 
 
 async def _completions(request: Request, name: str, req: DatabricksCompletionRequest) -> Response:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from frontend.chat_tools.tools import ToolSpec
 from frontend.engine_client.triton import ENSEMBLE, tensors
 from frontend.errors import APIError
 
@@ -28,6 +29,7 @@ _PARAMS = {
     "text_input": "prompt",
     "chat_messages": "prompt",
     "chat_template_kwargs": "chat_template_kwargs",
+    "chat_tools": "tools",
     "stop_token_ids": "stop_token_ids",
     "num_top_log_probs": "logprobs",
     "guided_decoding_guide": "guide",
@@ -51,6 +53,7 @@ class Job:
     prompt: str | None = None  # the text prompt, or:
     messages: list[dict[str, Any]] | None = None  # a conversation for the chat template
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: ToolSpec | None = None  # function calling (frontend.chat_tools); None: a text reply
     max_tokens: int | None = None  # None: as many as fit in the context
     min_tokens: int = 0
     sample: bool = True  # False: greedy
@@ -101,6 +104,8 @@ class Job:
             values["chat_messages"] = json.dumps(self.messages, ensure_ascii=False)
             if self.chat_template_kwargs:
                 values["chat_template_kwargs"] = json.dumps(self.chat_template_kwargs, ensure_ascii=False)
+            if self.tools is not None:
+                values["chat_tools"] = json.dumps(self.tools.template_tools(), ensure_ascii=False)
         else:
             values["text_input"] = self.prompt or ""
         if self.max_tokens is not None:

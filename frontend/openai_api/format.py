@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from frontend.chat_tools.reply import ReplyDelta, ReplyReader, reply_reader, tool_call_deltas, tool_calls_json
 from frontend.engine_client.request import Job
 from frontend.engine_client.steps import Generation, Prompt, Step, Token, TopToken
 from frontend.openai_api.jobs import Usage, stop_reason, usage
@@ -41,6 +42,10 @@ class Meta:
     model: str
     databricks: bool = False  # Databricks' shapes (seed 002): plain usage, no timings
     full_text: bool = False  # cumulative stream text (seed 001, fullTextEnabled)
+    # How chat replies are read (frontend.chat_tools): the model's tool-call format, and "think"
+    # to split <think> blocks off as reasoning_content ("none": never).
+    tool_parser: str = "hermes"
+    reasoning_parser: str = "think"
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -155,16 +160,40 @@ class CompletionLogprobs:
 # Whole responses
 
 
+def reader(meta: Meta, job: Job) -> ReplyReader:
+    return reply_reader(job.tools, job.chat_template_kwargs, meta.tool_parser, meta.reasoning_parser)
+
+
+def chat_message(meta: Meta, reply: ReplyReader, part: ReplyDelta, delta: bool) -> dict[str, Any]:
+    """A message (or a stream delta) from what the reader found: content, reasoning_content when
+    there is thought, tool_calls (seed 001 always lists them; Databricks only when there are)."""
+    calls = (tool_call_deltas if delta else tool_calls_json)(part.calls, reply)
+    content: str | None = part.content
+    if calls and not content:
+        content = None  # OpenAI's shape of a reply that is only calls
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if part.reasoning:
+        message["reasoning_content"] = part.reasoning
+    if calls or (not meta.databricks and not delta):
+        message["tool_calls"] = calls
+    return message
+
+
+def chat_finish_reason(reply: ReplyReader, engine_reason: str) -> str | None:
+    reason = finish_reason(engine_reason)
+    return "tool_calls" if reason is not None and reply.called else reason
+
+
 def chat_choice(meta: Meta, index: int, gen: Generation, job: Job) -> dict[str, Any]:
-    choice: dict[str, Any] = {
+    reply = reader(meta, job)
+    part = reply.feed(gen.text)
+    part += reply.finish()
+    return {
         "index": index,
-        "message": {"role": "assistant", "content": gen.text},
+        "message": chat_message(meta, reply, part, delta=False),
         "logprobs": chat_logprobs(gen.tokens, job.logprobs or 0) if job.logprobs is not None else None,
-        "finish_reason": finish_reason(gen.finish_reason),
+        "finish_reason": chat_finish_reason(reply, gen.finish_reason),
     }
-    if not meta.databricks:
-        choice["message"]["tool_calls"] = []  # seed 001's shape; this server makes no tool calls
-    return choice
 
 
 def completion_text(job: Job, gen: Generation) -> str:
@@ -217,6 +246,8 @@ class Stream:
         self.meta, self.jobs, self.prompts = meta, jobs, prompts
         self.gens = [[Generation() for _ in range(job.n)] for job in jobs]
         self.logprobs = [CompletionLogprobs(job.logprobs or 0) for job in jobs for _ in range(job.n)]
+        self.readers = [reader(meta, job) for job in jobs for _ in range(job.n)]
+        self.contents = [""] * len(self.readers)  # each chat choice's content so far (full_text mode)
         self.unfinished = sum(job.n for job in jobs)
 
     @property
@@ -231,11 +262,19 @@ class Stream:
         chunk = self.meta.envelope(chunk=True)
         reason = finish_reason(step.finish_reason)
         if self.meta.kind == "chat":
-            text = gen.text if self.meta.full_text else step.text
-            choice: dict[str, Any] = {"index": index, "delta": {"role": "assistant", "content": text}}
+            reply = self.readers[index]
+            part = reply.feed(step.text)
+            if reason is not None:
+                part += reply.finish()
+            self.contents[index] += part.content
+            if self.meta.full_text:
+                part.content = self.contents[index]
+            text = self.contents[index]
+            delta = chat_message(self.meta, reply, part, delta=True)
+            choice: dict[str, Any] = {"index": index, "delta": delta}
             if job.logprobs is not None:
                 choice["logprobs"] = chat_logprobs(step.tokens, job.logprobs)
-            choice["finish_reason"] = reason
+            choice["finish_reason"] = chat_finish_reason(reply, step.finish_reason)
         else:
             text = gen.text if self.meta.full_text else step.text
             if job.echo and (first or self.meta.full_text):

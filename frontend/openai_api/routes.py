@@ -32,7 +32,14 @@ DONE = b"data: [DONE]\n\n"
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
     model = resolve_model(request, req.model, "generate")
-    meta = Meta("chat", model, full_text=request.app.state.stream_full_text)
+    state = request.app.state
+    meta = Meta(
+        "chat",
+        model,
+        full_text=state.stream_full_text,
+        tool_parser=state.tool_parser,
+        reasoning_parser=state.reasoning_parser,
+    )
     return await serve(request, meta, [req.to_job()])
 
 

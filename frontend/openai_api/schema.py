@@ -16,8 +16,9 @@ from typing import Annotated, Any, Literal
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
+from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
 from frontend.engine_client import guides
-from frontend.engine_client.request import Job
+from frontend.engine_client.request import Guide, Job
 from frontend.errors import APIError
 
 MAX_INT32 = 2**31 - 1
@@ -319,18 +320,18 @@ class ChatCompletionRequest(BaseModel):
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None  # structured output (frontend.engine_client.guides)
     structured_outputs: dict[str, Any] | None = None  # vLLM's
-    # Function calling is not implemented: only "no tools" is accepted.
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: Flag = None
 
     def to_job(self) -> Job:
-        _no_tools(self.tools, self.tool_choice)
         max_tokens = self.max_completion_tokens or self.max_tokens
         if self.max_tokens and self.max_completion_tokens and self.max_tokens != self.max_completion_tokens:
             raise bad_request("must equal max_tokens when both are given", "max_completion_tokens")
         job = Job(
             messages=_messages(self.messages),
             chat_template_kwargs=self.chat_template_kwargs,
+            tools=tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls),
             max_tokens=max_tokens,
             **_sampling(self),
             prompt_param="messages",
@@ -343,19 +344,23 @@ class ChatCompletionRequest(BaseModel):
         return job
 
 
-def _no_tools(tools: list[Any] | None, tool_choice: Any) -> None:
-    if tools:
-        raise bad_request("function calling is not supported by this server", "tools")
-    if tool_choice not in (None, "none"):
-        raise bad_request('function calling is not supported by this server; only "none"', "tool_choice")
-
-
 def _guide(job: Job, response_format: Any, structured_outputs: Any) -> None:
-    """Structured output: OpenAI's response_format or vLLM's structured_outputs, not both."""
+    """Structured output: OpenAI's response_format or vLLM's structured_outputs, not both; or the
+    call that tool_choice required / a named function asks for."""
     if response_format is not None and structured_outputs is not None:
         raise bad_request("give response_format or structured_outputs, not both", "structured_outputs")
     job.guide = guides.response_format(response_format) or guides.structured_outputs(structured_outputs)
     job.guide_param = "structured_outputs" if structured_outputs is not None else "response_format"
+    _tools_guide(job)
+
+
+def _tools_guide(job: Job) -> None:
+    """tool_choice required or a named function: the grammar makes the reply that call."""
+    if job.tools is None or not job.tools.guided:
+        return
+    if job.guide is not None:
+        raise bad_request(f"cannot be combined with tool_choice {job.tools.choice!r}", job.guide_param)
+    job.guide, job.guide_param = Guide("json_schema", job.tools.guide_json()), "tools"
 
 
 def _chat_logprobs(job: Job, logprobs: bool | None, top_logprobs: int | None) -> None:
@@ -447,24 +452,26 @@ class DatabricksChatRequest(BaseModel):
     top_k: DatabricksTopK = None
     stop: Stop = None
     n: Annotated[int | None, number(1, MAX_SEQUENCES, integer=True)] = None
-    tool_choice: str | dict[str, Any] | None = None
-    tools: list[Any] | None = None
+    tool_choice: ToolChoice | None = None
+    tools: list[Tool] | None = None
+    parallel_tool_calls: Flag = None
     response_format: dict[str, Any] | None = None  # seed 002: text, json_object, json_schema
     logprobs: Flag = None
     top_logprobs: Annotated[int | None, number(0, MAX_TOP_LOGPROBS, integer=True)] = None
 
     def to_job(self) -> Job:
-        _no_tools(self.tools, self.tool_choice)
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("needs logprobs true", "top_logprobs")  # seed 002's rule
         job = Job(
             messages=_messages(self.messages),
+            tools=tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls),
             **_databricks_sampling(self),
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
             prompt_param="messages",
         )
         job.n = job.best_of = self.n or 1  # Databricks has no n > 1 temperature rule
         job.guide = guides.response_format(self.response_format, name_required=True)  # seed 002
+        _tools_guide(job)
         return job
 
 

@@ -114,8 +114,7 @@ GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
 
 # Inputs declared for the contract but not implemented yet: a request that sets them is rejected
 # with an error naming the tensor, never silently ignored.
-ENGINE_UNIMPLEMENTED: tuple[str, ...] = (
-)
+ENGINE_UNIMPLEMENTED: tuple[str, ...] = ()
 
 # What postprocessing makes of the engine's responses. The engine makes them itself when a client
 # asks for them (the HTTP frontend does: one hop less per token); the ensemble's engine step never does.
@@ -175,6 +174,7 @@ PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
     Tensor("text_input", "BYTES", (1,)),
     Tensor("chat_messages", "BYTES", (1,)),
     Tensor("chat_template_kwargs", "BYTES", (1,)),  # JSON object: extra chat template variables
+    Tensor("chat_tools", "BYTES", (1,)),  # JSON list of OpenAI tools, for the chat template
     # Absent: as many tokens as fit in the context (max_seq_len minus the prompt).
     Tensor("max_tokens", "INT32", (1,)),
     Tensor("bad_words", "BYTES", (-1,)),
@@ -262,6 +262,7 @@ ENSEMBLE_INPUTS: tuple[tuple[Tensor, str], ...] = (
     (Tensor("text_input", "BYTES", (1,)), "preprocessing.text_input"),  # or chat_messages
     (Tensor("chat_messages", "BYTES", (1,)), "preprocessing.chat_messages"),
     (Tensor("chat_template_kwargs", "BYTES", (1,)), "preprocessing.chat_template_kwargs"),
+    (Tensor("chat_tools", "BYTES", (1,)), "preprocessing.chat_tools"),
     (Tensor("max_tokens", "INT32", (1,)), "preprocessing.max_tokens"),
     (Tensor("bad_words", "BYTES", (-1,)), "preprocessing.bad_words"),
     (Tensor("stop_words", "BYTES", (-1,)), "preprocessing.stop_words"),

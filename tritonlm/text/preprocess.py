@@ -17,6 +17,7 @@ import numpy as np
 
 from tritonlm.errors import InvalidRequest
 from tritonlm.serving import contract
+from tritonlm.text import chat_format
 from tritonlm.text.tokenization import encode_prompt, ids_to_list, render_chat, token_texts, words_to_list
 
 _OUT = contract.by_name(contract.PREPROCESSING_OUTPUTS)
@@ -214,8 +215,14 @@ class Preprocessor:
             raise InvalidRequest("chat_template_kwargs must be a JSON object")
         if reserved := sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys()):
             raise InvalidRequest(f"chat_template_kwargs: {', '.join(reserved)} cannot be set here")
+        tools = _json(inputs, "chat_tools")
+        if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+            raise InvalidRequest("chat_tools must be a JSON list of tool objects")
+        messages = chat_format.arguments_as_objects(messages)
+        if tools and not chat_format.supports_tools(self.tokenizer.chat_template):
+            messages, tools = chat_format.with_tools_in_messages(messages, tools), None
         try:
-            return render_chat(self.tokenizer, messages, kwargs)
+            return render_chat(self.tokenizer, messages, kwargs, tools or None)
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
             raise InvalidRequest(f"chat_messages: the model's chat template rejected them: {e}") from None
 

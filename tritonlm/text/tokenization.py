@@ -30,15 +30,18 @@ def encode_prompt(
     return ids
 
 
-def render_chat(tokenizer: Any, messages: list[dict], template_kwargs: dict[str, Any]) -> str:
+def render_chat(
+    tokenizer: Any, messages: list[dict], template_kwargs: dict[str, Any], tools: list[dict] | None = None
+) -> str:
     """The prompt text of a conversation: the tokenizer's chat template with the generation prompt
     (the start of the assistant's turn); `template_kwargs` become extra template variables
-    (e.g. `enable_thinking`). Raises jinja2's TemplateError (or TypeError …) for messages the
-    template rejects, ValueError when the tokenizer has no chat template."""
+    (e.g. `enable_thinking`); `tools` the OpenAI tool list the template may render. Raises jinja2's
+    TemplateError (or TypeError …) for messages the template rejects, ValueError when the
+    tokenizer has no chat template."""
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template; send a plain prompt instead")
     return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+        messages, tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
     )
 
 

@@ -1,0 +1,141 @@
+"""A chat request's `tools`, `tool_choice` and `parallel_tool_calls` (seeds 001 and 002, OpenAI's
+function calling): checked into a `ToolSpec`, which says what goes to the chat template, which
+grammar enforces a call, and how the reply is read.
+
+- `none` (the default without tools): the tools are not shown to the model; the reply is text.
+- `auto` (the default with tools): the model sees them in its chat template and decides; what it
+  writes in its own format is read as calls (parser from the chat template, see `parsers`).
+- `required` / a named function: the grammar makes the reply a call (a JSON list of
+  `{"name", "arguments"}` objects, one when `parallel_tool_calls` is false) or the named function's
+  arguments, validated against the tools' `parameters` schemas.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, field_validator
+
+from frontend.errors import APIError
+
+MAX_TOOLS = 32  # seed 002: at most 32 functions
+_CONFIG = ConfigDict(extra="forbid", strict=True)
+
+
+class FunctionDefinition(BaseModel):
+    model_config = _CONFIG
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not value or len(value) > 64 or not all(c.isalnum() or c in "_-." for c in value):
+            raise ValueError("must be 1 to 64 letters, digits, underscores, dashes or dots")
+        return value
+
+
+class Tool(BaseModel):
+    model_config = _CONFIG
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = _CONFIG
+    name: str
+
+
+class ToolChoiceObject(BaseModel):
+    model_config = _CONFIG
+    type: Literal["function"]
+    function: NamedFunction
+
+
+def _tool_choice(value: Any) -> Any:
+    """One clear message for both forms (a union would report each form's error)."""
+    if value is None or value in ("none", "auto", "required"):
+        return value
+    if isinstance(value, dict):
+        try:
+            return ToolChoiceObject.model_validate(value)
+        except ValidationError:
+            pass
+    raise ValueError(
+        'must be "none", "auto", "required" or {"type": "function", "function": {"name": "..."}}'
+    )
+
+
+ToolChoice = Annotated[Literal["none", "auto", "required"] | ToolChoiceObject, BeforeValidator(_tool_choice)]
+
+
+def _bad(message: str, param: str) -> APIError:
+    return APIError(400, f"{param}: {message}", "invalid_request_error", param=param)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    tools: tuple[dict[str, Any], ...]  # as the template and the guide see them
+    choice: str  # "auto", "required" or "function" (then `name`)
+    name: str | None = None
+    parallel: bool = True
+
+    @property
+    def guided(self) -> bool:
+        return self.choice != "auto"
+
+    def template_tools(self) -> list[dict[str, Any]]:
+        return list(self.tools)
+
+    def guide_schema(self) -> dict[str, Any]:
+        """The JSON schema the reply must match for `required` or a named function."""
+        if self.choice == "function":
+            return _parameters(next(t for t in self.tools if t["function"]["name"] == self.name))
+        calls = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t["function"]["name"]}, "arguments": _parameters(t)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for t in self.tools
+        ]
+        call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        if not self.parallel:
+            return call
+        return {"type": "array", "items": call, "minItems": 1}
+
+    def guide_json(self) -> str:
+        return json.dumps(self.guide_schema(), ensure_ascii=False)
+
+
+def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
+
+
+def tool_spec(tools: list[Tool] | None, choice: ToolChoice | None, parallel: bool | None) -> ToolSpec | None:
+    """The request's tool settings, or None when the reply is plain text (no tools, or `none`)."""
+    if tools is not None and len(tools) > MAX_TOOLS:
+        raise _bad(f"at most {MAX_TOOLS} functions, got {len(tools)}", "tools")
+    names = [t.function.name for t in tools or []]
+    if len(set(names)) != len(names):
+        raise _bad("function names must be unique", "tools")
+    if choice is None:
+        choice = "auto" if tools else "none"
+    if choice == "none":
+        return None
+    if not tools:
+        raise _bad('needs tools (only "none" without them)', "tool_choice")
+    as_dicts = tuple(t.model_dump(exclude_none=True) for t in tools)
+    if isinstance(choice, ToolChoiceObject):
+        if choice.function.name not in names:
+            raise _bad(
+                f"names the function {choice.function.name!r}, which is not in tools ({', '.join(names)})",
+                "tool_choice",
+            )
+        return ToolSpec(as_dicts, "function", choice.function.name, parallel is not False)
+    return ToolSpec(as_dicts, choice, None, parallel is not False)
