@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import openai
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -57,3 +58,30 @@ def test_served_greedy_equals_transformers_generate(real: Servers) -> None:
             out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
         expected = out[0, inputs["input_ids"].shape[1] :].tolist()
         assert ids == expected, (prompt, ids, expected)
+
+
+def test_a_required_tool_call_names_the_tool_with_paris(real: Servers) -> None:
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather for a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"location": {"type": "string"}},
+                "required": ["location"],
+            },
+        },
+    }
+    client = openai.OpenAI(base_url=real.frontend_url + "/v1", api_key="x", max_retries=0)
+    reply = client.chat.completions.create(
+        model=real.model_name,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[weather],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=60,
+    )
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and "Paris" in call.function.arguments

@@ -6,14 +6,11 @@ present, a weather call that names Paris."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import jsonschema
 import openai
 import pytest
 
-from tritonlm import launcher
 from tritonlm.serving import contract
 from tritonlm.text.preprocess import Preprocessor
 from tritonlm.text.tokenization import load_tokenizer
@@ -187,38 +184,3 @@ def test_required_with_n_and_sampling(client, servers):
     for choice in reply.choices:
         (call,) = whole_calls(choice.message).values()
         jsonschema.validate(json.loads(call["arguments"]), WEATHER["function"]["parameters"])
-
-
-SMOLLM2 = Path(os.environ.get("SMOLLM2_DIR", launcher.ROOT / "models" / "smollm2"))
-
-
-@needs_guide
-@pytest.mark.skipif(not (SMOLLM2 / "config.json").exists(), reason=f"no instruct model at {SMOLLM2}")
-def test_real_model_calls_the_weather_tool_for_paris():
-    from conftest import running_servers
-
-    weather = {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Get the current weather for a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"location": {"type": "string"}},
-                "required": ["location"],
-            },
-        },
-    }
-    with running_servers(SMOLLM2, {}) as real:
-        client = openai.OpenAI(base_url=real.frontend_url + "/v1", api_key="x", max_retries=0)
-        reply = client.chat.completions.create(
-            model=real.model_name,
-            messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-            tools=[weather],
-            tool_choice="required",
-            parallel_tool_calls=False,
-            temperature=0,
-            max_tokens=60,
-        )
-    (call,) = reply.choices[0].message.tool_calls
-    assert call.function.name == "get_weather" and "Paris" in call.function.arguments
