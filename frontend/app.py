@@ -14,10 +14,11 @@ from frontend.databricks import routes as databricks
 from frontend.embeddings import routes as embeddings
 from frontend.engine_client.pipeline import Pipeline
 from frontend.engine_client.steps import Triton
-from frontend.engine_client.triton import MODELS, TritonClient
+from frontend.engine_client.triton import MODELS
 from frontend.errors import APIError
 from frontend.models import served
 from frontend.openai_api import routes as openai_api
+from frontend.routing import open_triton
 from frontend.tgi import routes as tgi
 from tritonlm.embedding import config as embedding_config
 
@@ -47,7 +48,7 @@ def create_app(
         if triton is not None:
             yield
             return
-        client = TritonClient(triton_url, server_id=triton_server_id)
+        client = open_triton(triton_url, server_id=triton_server_id)  # a Router for several
         # The ensemble's steps run from here, so a client that leaves cancels the engine's request.
         app.state.triton = Pipeline(client)
         try:
