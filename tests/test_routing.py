@@ -6,7 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import CollectorRegistry
 
 from frontend.errors import APIError
 from frontend.routing import is_multi
@@ -93,18 +93,21 @@ class FakeReplica:
 
 
 def _router(replicas: dict[str, FakeReplica]) -> Router:
-    return Router(Endpoints(urls=tuple(replicas)), make_client=lambda url, sid: replicas[url])
+    registry = CollectorRegistry()
+    return Router(
+        Endpoints(urls=tuple(replicas)), make_client=lambda url, sid: replicas[url], registry=registry
+    )
 
 
-def _metric(name: str, replica: str) -> float:
-    return REGISTRY.get_sample_value(name, {"replica": replica}) or 0.0
+def _metric(router: Router, name: str, replica: str) -> float:
+    return router.metrics.registry.get_sample_value(name, {"replica": replica}) or 0.0
 
 
 def test_router_retries_a_request_whose_replica_died_before_the_first_response():
     replicas = {"r1:1": FakeReplica("r1"), "r2:1": FakeReplica("r2")}
     replicas["r1:1"].up = False
     router = _router(replicas)
-    failures = _metric("tritonlm_router_failures_total", "r1:1")
+    failures = _metric(router, "tritonlm_router_failures_total", "r1:1")
 
     async def run():
         streamed = [o async for o in router.stream("engine", {"input_ids": np.arange(40)})]
@@ -116,9 +119,9 @@ def test_router_retries_a_request_whose_replica_died_before_the_first_response()
         assert inferred == {"r1", "r2"}
 
     asyncio.run(run())
-    assert _metric("tritonlm_router_failures_total", "r1:1") == failures + 1
-    assert _metric("tritonlm_router_outstanding", "r1:1") == 0
-    assert _metric("tritonlm_router_outstanding", "r2:1") == 0
+    assert _metric(router, "tritonlm_router_failures_total", "r1:1") == failures + 1
+    assert _metric(router, "tritonlm_router_outstanding", "r1:1") == 0
+    assert _metric(router, "tritonlm_router_outstanding", "r2:1") == 0
 
 
 def test_a_started_stream_ends_with_the_error_and_nothing_is_retried():
@@ -146,5 +149,5 @@ def test_affinity_hits_are_counted_per_replica():
 
     names = asyncio.run(run())
     assert len(set(names)) == 1
-    assert _metric("tritonlm_router_prefix_affinity_hits_total", f"{names[0]}:1") == 2
-    assert _metric("tritonlm_router_requests_total", f"{names[0]}:1") == 3
+    assert _metric(router, "tritonlm_router_prefix_affinity_hits_total", f"{names[0]}:1") == 2
+    assert _metric(router, "tritonlm_router_requests_total", f"{names[0]}:1") == 3

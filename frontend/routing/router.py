@@ -7,8 +7,8 @@ replica, while a stream that already yielded ends with its error (the routes tur
 API's error event). Replicas come from a fixed list or from a DNS name resolved every probe (a
 Kubernetes headless Service: one A record per ready pod); see `parse_urls`.
 
-Metrics, per replica, in prometheus-client's default registry (so the frontend's /metrics has
-them): requests routed, in flight, failures, prefix-affinity hits, healthy.
+Metrics per replica (`RouterMetrics`): requests routed, in flight, failures, prefix-affinity hits,
+healthy; in the registry given (prometheus-client's default one unless the frontend passes its own).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from prometheus_client import Counter, Gauge
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 from frontend.engine_client.steps import Triton
 from frontend.engine_client.triton import MODELS, TritonClient
@@ -33,15 +33,41 @@ log = logging.getLogger(__name__)
 DNS_PREFIX = "dns+"
 _PROMPT_TENSOR = "input_ids"  # the engine's prompt token ids: the affinity key
 
-ROUTED = Counter("tritonlm_router_requests_total", "Requests routed to each Triton replica", ["replica"])
-OUTSTANDING = Gauge("tritonlm_router_outstanding", "Requests in flight on each Triton replica", ["replica"])
-FAILURES = Counter(
-    "tritonlm_router_failures_total", "Requests a Triton replica failed as unavailable", ["replica"]
-)
-AFFINITY_HITS = Counter(
-    "tritonlm_router_prefix_affinity_hits_total", "Requests routed by prompt-prefix affinity", ["replica"]
-)
-HEALTHY = Gauge("tritonlm_router_replica_healthy", "1 while the replica is routed to", ["replica"])
+
+class RouterMetrics:
+    """Per replica: requests routed, in flight, failed as unavailable, routed by prefix affinity,
+    and whether it is routed to. In `registry`: the frontend's /metrics registry."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
+        label = ["replica"]
+        self.routed = Counter(
+            "tritonlm_router_requests_total",
+            "Requests routed to each Triton replica",
+            label,
+            registry=registry,
+        )
+        self.outstanding = Gauge(
+            "tritonlm_router_outstanding",
+            "Requests in flight on each Triton replica",
+            label,
+            registry=registry,
+        )
+        self.failures = Counter(
+            "tritonlm_router_failures_total",
+            "Requests a Triton replica failed as unavailable",
+            label,
+            registry=registry,
+        )
+        self.affinity_hits = Counter(
+            "tritonlm_router_prefix_affinity_hits_total",
+            "Requests routed by prompt-prefix affinity",
+            label,
+            registry=registry,
+        )
+        self.healthy = Gauge(
+            "tritonlm_router_replica_healthy", "1 while the replica is routed to", label, registry=registry
+        )
 
 
 @dataclass(frozen=True)
@@ -79,7 +105,8 @@ def _prompt(model: str, inputs: dict[str, np.ndarray]) -> list[int] | None:
 
 class Router:
     """A `Triton` over replicas. `make_client(url, server_id)` opens one replica's client (tests
-    pass fakes); `server_ids`: the launcher's `--id` per fixed url, checked by `ready`."""
+        pass fakes); `server_ids`: the launcher's `--id` per fixed url, checked by `ready`; `registry`:
+    where the metrics go (one Router per registry)."""
 
     def __init__(
         self,
@@ -88,8 +115,10 @@ class Router:
         probe_seconds: float = 1.0,
         server_ids: Iterable[str | None] = (),
         make_client: Callable[[str, str | None], Triton] | None = None,
+        registry: CollectorRegistry = REGISTRY,
     ) -> None:
         self.endpoints = endpoints
+        self.metrics = RouterMetrics(registry)
         self.policy = policy or Policy()
         self.probe_seconds = probe_seconds
         self._ids = dict(zip(endpoints.urls, server_ids, strict=False))
@@ -103,10 +132,10 @@ class Router:
         for url in urls:
             if url not in self.clients:
                 self.clients[url] = self._make(url, self._ids.get(url))
-                HEALTHY.labels(url).set(1)
+                self.metrics.healthy.labels(url).set(1)
         for url in [u for u in self.clients if u not in urls]:
             client = self.clients.pop(url)
-            HEALTHY.labels(url).set(0)
+            self.metrics.healthy.labels(url).set(0)
             if hasattr(client, "close"):
                 asyncio.get_running_loop().create_task(client.close())
         self.policy.set_replicas(urls)
@@ -116,7 +145,7 @@ class Router:
         if state is not None and state.healthy != healthy:
             log.warning("Triton replica %s %s", url, "back in" if healthy else "taken out")
         self.policy.mark(url, healthy)
-        HEALTHY.labels(url).set(1 if healthy else 0)
+        self.metrics.healthy.labels(url).set(1 if healthy else 0)
 
     async def _resolve(self) -> None:
         name, port = self.endpoints.dns_name, self.endpoints.port
@@ -168,18 +197,18 @@ class Router:
         if choice is None:
             raise APIError(503, "inference server unavailable: no Triton replica is ready")
         if choice.affinity:
-            AFFINITY_HITS.labels(choice.replica).inc()
+            self.metrics.affinity_hits.labels(choice.replica).inc()
         self.policy.started(choice.replica)
-        ROUTED.labels(choice.replica).inc()
-        OUTSTANDING.labels(choice.replica).inc()
+        self.metrics.routed.labels(choice.replica).inc()
+        self.metrics.outstanding.labels(choice.replica).inc()
         return choice.replica
 
     def _done(self, url: str) -> None:
         self.policy.finished(url)
-        OUTSTANDING.labels(url).dec()
+        self.metrics.outstanding.labels(url).dec()
 
     def _failed(self, url: str) -> None:
-        FAILURES.labels(url).inc()
+        self.metrics.failures.labels(url).inc()
         self._mark(url, False)
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
