@@ -151,3 +151,26 @@ def test_affinity_hits_are_counted_per_replica():
     assert len(set(names)) == 1
     assert _metric(router, "tritonlm_router_prefix_affinity_hits_total", f"{names[0]}:1") == 2
     assert _metric(router, "tritonlm_router_requests_total", f"{names[0]}:1") == 3
+
+
+def test_dns_endpoints_follow_the_names_addresses():
+    made: dict[str, FakeReplica] = {}
+
+    def make(url: str, sid: str | None) -> FakeReplica:
+        made[url] = FakeReplica(url)
+        return made[url]
+
+    router = Router(
+        Endpoints(dns_name="localhost", port=28999), make_client=make, registry=CollectorRegistry()
+    )
+    assert router.clients == {}
+
+    async def run():
+        await router.probe(["engine"])
+        assert "127.0.0.1:28999" in router.clients
+        assert all(s.healthy for s in router.policy.replicas.values())
+        router.endpoints = Endpoints(dns_name="no-such-host.invalid", port=28999)
+        await router.probe(["engine"])  # a failed lookup keeps the replicas known so far
+        assert "127.0.0.1:28999" in router.clients
+
+    asyncio.run(run())
