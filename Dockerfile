@@ -35,6 +35,15 @@ COPY corpus corpus
 RUN pip install --no-cache-dir --no-deps -e . \
     && python3 -m tritonlm.default_model models/default
 
+# Non-root (Kubernetes: runAsNonRoot, uid 1000); the launcher writes its logs under .triton/.
+# TRITON_REPLICAS=1: one tritonserver per container; on Kubernetes, pods are the replicas.
+RUN useradd --uid 1000 --create-home tritonlm 2>/dev/null || true; \
+    mkdir -p /opt/tritonlm/.triton /models && chown -R 1000:1000 /opt/tritonlm/.triton /models
+ENV TRITON_REPLICAS=1 HOME=/tmp
+USER 1000
+VOLUME /models
+
 EXPOSE 9000 8000 8001 8002
-# Mount a checkpoint and set MODEL_DIR to serve it: -v /path/to/model:/model -e MODEL_DIR=/model
+# Mount a checkpoint and set MODEL_DIR to serve it: -v /path/to/model:/models/m -e MODEL_DIR=/models/m
+# deploy/kubernetes runs this image twice: `tritonserver` alone, and `python3 -m frontend`.
 CMD ["python3", "-m", "tritonlm.launcher"]

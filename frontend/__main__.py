@@ -20,7 +20,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m frontend", description=__doc__)
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=9000)
-    parser.add_argument("--triton-url", default="localhost:8001", help="Triton's gRPC address")
+    parser.add_argument(
+        "--triton-url", "--triton-urls", dest="triton_url",
+        default=os.environ.get("TRITON_URLS", "localhost:8001"),
+        help="Triton's gRPC address; several replicas: host:port,host:port, or dns+NAME:PORT for "
+        "every address NAME resolves to (a headless Service), re-resolved each second "
+        "(default: TRITON_URLS, else localhost:8001)",
+    )  # fmt: skip
     parser.add_argument("--model-name", default="tritonlm", help="the model name the APIs report")
     parser.add_argument(
         "--embed-model-name", help="the embedding model's name (default: SERVED_EMBED_MODEL_NAME, "

@@ -15,12 +15,13 @@ from frontend.databricks import routes as databricks
 from frontend.embeddings import routes as embeddings
 from frontend.engine_client.pipeline import Pipeline
 from frontend.engine_client.steps import Triton
-from frontend.engine_client.triton import MODELS, TritonClient
+from frontend.engine_client.triton import MODELS
 from frontend.errors import APIError
 from frontend.models import served
 from frontend.openai_api import routes as openai_api
 from frontend.ops import install as install_ops
 from frontend.ops.settings import OpsSettings
+from frontend.routing import open_triton
 from frontend.tgi import routes as tgi
 from tritonlm.config import EngineConfig
 from tritonlm.embedding import config as embedding_config
@@ -62,7 +63,8 @@ def create_app(
         if triton is not None:
             yield
             return
-        client = TritonClient(triton_url, server_id=triton_server_id)
+        # A Router for several replicas; its per-replica metrics join the frontend's /metrics.
+        client = open_triton(triton_url, server_id=triton_server_id, registry=app.state.metrics.registry)
         if lora_adapters is None:
             app.state.lora_adapters = await engine_lora_adapters(client)
         # The ensemble's steps run from here, so a client that leaves cancels the engine's request.

@@ -6,7 +6,8 @@
 The server binary is the `tritonserver` on PATH (the official container) or, failing that, the one
 bundled in the nvidia-pytriton wheel; its Python-backend stub is then copied next to a writable copy
 of the backends. Ports come from the environment: FRONTEND_PORT 9000, TRITON_HTTP_PORT 8000,
-TRITON_GRPC_PORT 8001, TRITON_METRICS_PORT 8002.
+TRITON_GRPC_PORT 8001, TRITON_METRICS_PORT 8002. TRITON_REPLICAS=N starts N tritonservers (replica i
+on those Triton ports + 100·i) behind the one frontend, which routes across them.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ REPOSITORY = ROOT / "model_repository"
 DEFAULT_MODEL_DIR = ROOT / "models" / "default"  # the tiny generated model (tests, MODEL=tiny)
 TRITON_EXIT_TIMEOUT_S = 5  # tritonserver's own bound on in-flight requests at exit
 TRITON_STOP_TIMEOUT_S = 7  # then the launcher kills its process group
+REPLICA_PORT_STEP = 100  # replica i's Triton ports: the configured ones + 100·i
 
 
 class SetupError(RuntimeError):
@@ -61,6 +63,11 @@ class Ports:
             grpc=int(env.get("TRITON_GRPC_PORT", 8001)),
             metrics=int(env.get("TRITON_METRICS_PORT", 8002)),
         )
+
+    def for_replica(self, index: int) -> Ports:
+        """Replica `index`'s ports: Triton's shifted by REPLICA_PORT_STEP·index, the same frontend."""
+        step = REPLICA_PORT_STEP * index
+        return Ports(self.frontend, self.http + step, self.grpc + step, self.metrics + step)
 
     def by_variable(self) -> dict[str, int]:
         return {
@@ -136,17 +143,26 @@ def start_triton(
         return processes.spawn(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
 
 
+def replicas_from_env() -> int:
+    value = os.environ.get("TRITON_REPLICAS", "1")
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(f"TRITON_REPLICAS: expected a whole number >= 1, got {value!r}")
+    return int(value)
+
+
 def start_frontend(
     ports: Ports,
     model_name: str,
     log_path: Path | None = None,
     server_id: str | None = None,
     model_dir: Path | None = None,
+    triton_urls: str | None = None,
 ) -> subprocess.Popen:
+    """`triton_urls`: several replicas' gRPC addresses, comma-separated (default: `ports.grpc`'s)."""
     command = [
         sys.executable, "-m", "frontend",
         "--port", str(ports.frontend),
-        "--triton-url", f"localhost:{ports.grpc}",
+        "--triton-url", triton_urls or f"localhost:{ports.grpc}",
         "--model-name", model_name,
         "--embed-model-name", embedding_config.served_name(),
         "--drain-seconds", str(drain_seconds()),
@@ -261,10 +277,30 @@ class Restarts:
         return min(30.0, 2.0 ** (len(self.times) - 1))
 
 
+@dataclass
+class Replica:
+    """One tritonserver: its ports, the `--id` the frontend checks, its process and restarts."""
+
+    index: int
+    ports: Ports
+    server_id: str
+    process: subprocess.Popen | None = None
+    restarts: Restarts = field(default_factory=Restarts)
+
+    @property
+    def name(self) -> str:
+        return "tritonserver" if self.index == 0 else f"tritonserver {self.index}"
+
+    @property
+    def log_name(self) -> str:
+        return "tritonserver.log" if self.index == 0 else f"tritonserver-{self.index}.log"
+
+
 class Supervisor:
-    """tritonserver and the frontend, one job per method: `check_ports`, `start`, `watch` (restarts
-    a tritonserver that died, with back-off and a limit, while the frontend answers 503), `stop`
-    (the frontend first, draining its requests, then tritonserver and what is left of its group)."""
+    """tritonserver(s) and the frontend, one job per method: `check_ports`, `start`, `watch`
+    (restarts a tritonserver that died, with back-off and a limit, while the frontend answers 503
+    or routes to the other replicas), `stop` (the frontend first, draining its requests, then each
+    tritonserver and what is left of its group). `replicas`: how many tritonservers."""
 
     def __init__(
         self,
@@ -272,6 +308,7 @@ class Supervisor:
         model_dir: Path,
         served_name: str,
         log_dir: Path = ROOT / ".triton",
+        replicas: int = 1,
         frontend_log: Path | None = None,  # None: the frontend logs to our stdout
     ):
         self.ports = ports
@@ -279,84 +316,112 @@ class Supervisor:
         self.model_dir = model_dir
         self.served_name = served_name
         self.log_dir = log_dir
-        self.server_id = f"tritonlm-{uuid.uuid4().hex[:12]}"  # this run's tritonserver, and no other
-        self.triton: subprocess.Popen | None = None
+        run = uuid.uuid4().hex[:12]  # this run's tritonservers, and no others
+        self.replicas = [
+            Replica(i, ports.for_replica(i), f"tritonlm-{run}" + (f"-{i}" if i else ""))
+            for i in range(replicas)
+        ]
         self.frontend: subprocess.Popen | None = None
-        self.restarts = Restarts()
         self.stopping = False
+
+    @property
+    def triton(self) -> subprocess.Popen | None:
+        """The first replica's tritonserver (the only one without TRITON_REPLICAS)."""
+        return self.replicas[0].process
 
     def request_stop(self, *_: object) -> None:
         """The SIGTERM / SIGINT handler: every wait polls this flag."""
         self.stopping = True
 
-    def check_ports(self, names: tuple[str, ...] | None = None) -> None:
-        ports = self.ports.by_variable()
-        processes.check_free({k: v for k, v in ports.items() if names is None or k in names})
+    def check_ports(
+        self, names: tuple[str, ...] | None = None, replicas: list[Replica] | None = None
+    ) -> None:
+        ports: dict[str, int] = {}
+        for replica in replicas or self.replicas:
+            suffix = f" (replica {replica.index})" if replica.index else ""
+            triton = {k: v for k, v in replica.ports.by_variable().items() if k != "FRONTEND_PORT"}
+            ports.update({f"{k}{suffix}": v for k, v in triton.items()})
+        if replicas is None:
+            ports["FRONTEND_PORT"] = self.ports.frontend
+        processes.check_free({k: v for k, v in ports.items() if names is None or k.split(" ")[0] in names})
 
-    def _start_triton(self) -> bool:
-        log = self.log_dir / "tritonserver.log"
-        self.triton = start_triton(self.ports, self.model_dir, log, self.log_dir, self.server_id)
-        url = f"http://127.0.0.1:{self.ports.http}/v2"
+    def _start_triton(self, replica: Replica) -> bool:
+        log = self.log_dir / replica.log_name
+        work_dir = self.log_dir
+        replica.process = start_triton(replica.ports, self.model_dir, log, work_dir, replica.server_id)
+        url = f"http://127.0.0.1:{replica.ports.http}/v2"
 
         def ours() -> bool:  # ready, and the server we started (not one left over on the port)
-            return http_ok(f"{url}/health/ready") and http_ok(url, expect_name=self.server_id)
+            return http_ok(f"{url}/health/ready") and http_ok(url, expect_name=replica.server_id)
 
-        return wait_ready(url, self.triton, 600, "tritonserver", ours, lambda: self.stopping)
+        return wait_ready(url, replica.process, 600, replica.name, ours, lambda: self.stopping)
 
     def start(self) -> bool:
-        """Starts both and waits until they serve; False if a stop was asked meanwhile."""
-        if not self._start_triton():
-            return False
+        """Starts all and waits until they serve; False if a stop was asked meanwhile."""
+        for replica in self.replicas:  # one at a time: loading models is CPU-heavy
+            if not self._start_triton(replica):
+                return False
+        multi = len(self.replicas) > 1
         self.frontend = start_frontend(
-            self.ports, self.served_name, self.frontend_log, self.server_id, self.model_dir
+            self.ports,
+            self.served_name,
+            self.frontend_log,
+            server_id=",".join(r.server_id for r in self.replicas),
+            model_dir=self.model_dir,
+            triton_urls=",".join(f"localhost:{r.ports.grpc}" for r in self.replicas) if multi else None,
         )
         url, tls = frontend_health(self.ports)
         return wait_ready(url, self.frontend, 120, "frontend", cancelled=lambda: self.stopping, context=tls)
 
     def watch(self) -> int:
-        """Until a stop is asked, restarts tritonserver when it dies. Returns the exit status."""
+        """Until a stop is asked, restarts any tritonserver that dies. Returns the exit status."""
         while not self.stopping:
             if self.frontend is not None and self.frontend.poll() is not None:
                 print(f"error: the frontend exited with code {self.frontend.returncode}", file=sys.stderr)
                 return 1
-            if self.triton is not None and self.triton.poll() is not None and not self._restart_triton():
-                return 1
+            for replica in self.replicas:
+                died = replica.process is not None and replica.process.poll() is not None
+                if died and not self._restart_triton(replica):
+                    return 1
             time.sleep(0.2)
         return 0
 
-    def _restart_triton(self) -> bool:
+    def _restart_triton(self, replica: Replica) -> bool:
         """False when the restart limit is reached."""
-        assert self.triton is not None
-        code = self.triton.returncode
-        processes.kill_group(self.triton)  # its stubs: no orphan keeps the dead server's memory
-        delay = self.restarts.next_delay()
-        log = self.log_dir / "tritonserver.log"
+        assert replica.process is not None
+        code = replica.process.returncode
+        processes.kill_group(replica.process)  # its stubs: no orphan keeps the dead server's memory
+        delay = replica.restarts.next_delay()
+        log = self.log_dir / replica.log_name
         if delay is None:
             print(
-                f"error: tritonserver exited (code {code}) {self.restarts.limit} times within "
-                f"{self.restarts.window_s:.0f} s; giving up (log: {log})",
+                f"error: {replica.name} exited (code {code}) {replica.restarts.limit} times within "
+                f"{replica.restarts.window_s:.0f} s; giving up (log: {log})",
                 file=sys.stderr,
             )
             return False
-        print(f"tritonserver exited (code {code}); restarting in {delay:.0f} s", file=sys.stderr, flush=True)
+        print(
+            f"{replica.name} exited (code {code}); restarting in {delay:.0f} s", file=sys.stderr, flush=True
+        )
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline and not self.stopping:
             time.sleep(0.2)
         if self.stopping:
             return True
         try:
-            self.check_ports(("TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_METRICS_PORT"))
-            if self._start_triton():
-                print("tritonserver restarted and ready", flush=True)
+            self.check_ports(("TRITON_HTTP_PORT", "TRITON_GRPC_PORT", "TRITON_METRICS_PORT"), [replica])
+            if self._start_triton(replica):
+                print(f"{replica.name} restarted and ready", flush=True)
         except (processes.PortBusy, RuntimeError, TimeoutError) as error:
-            print(f"tritonserver restart failed: {error} (log: {log})", file=sys.stderr, flush=True)
+            print(f"{replica.name} restart failed: {error} (log: {log})", file=sys.stderr, flush=True)
         return True  # a failed start is one more exit, seen on the next round
 
     def stop(self) -> None:
         if self.frontend is not None:
             processes.stop(self.frontend, drain_seconds() + 2)
-        if self.triton is not None:
-            processes.stop(self.triton, TRITON_STOP_TIMEOUT_S)
+        for replica in self.replicas:
+            if replica.process is not None:
+                processes.stop(replica.process, TRITON_STOP_TIMEOUT_S)
 
 
 def main() -> int:
@@ -375,7 +440,8 @@ def main() -> int:
         # once, instead of as a model that does not load.
         engine = engine_config(model_dir)
         embed_dir = embedding_config.model_dir()  # fails early, with a hint, when there is none
-        supervisor = Supervisor(ports, model_dir, os.environ.get("SERVED_MODEL_NAME", model_dir.name))
+        served = os.environ.get("SERVED_MODEL_NAME", model_dir.name)
+        supervisor = Supervisor(ports, model_dir, served, replicas=replicas_from_env())
         supervisor.check_ports()
         triton_command(supervisor.log_dir)  # setup problems, before anything starts
     except (SetupError, ConfigError, FileNotFoundError, processes.PortBusy) as error:
@@ -394,7 +460,13 @@ def main() -> int:
         print(
             f"serving {supervisor.served_name} and {embedding_config.served_name()}: "
             f"HTTP API {frontend_health(ports)[0].removesuffix('/health')}  "
-            f"Triton HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}  (Ctrl-C stops)",
+            f"Triton HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}"
+            + (
+                f" (+{REPLICA_PORT_STEP}·i for replica i of {len(supervisor.replicas)})"
+                if len(supervisor.replicas) > 1
+                else ""
+            )
+            + "  (Ctrl-C stops)",
             flush=True,
         )
         return supervisor.watch()

@@ -1,0 +1,253 @@
+"""Several Triton replicas behind one `Triton` (infer / stream / ready), for the frontend's Pipeline.
+
+Each call goes to the replica `Policy` chooses. A replica that answers "unavailable" (dead, not
+ready, shutting down) is taken out at once and probed back in by a background task every
+`probe_seconds`; a request it failed before sending anything back is retried once on another
+replica, while a stream that already yielded ends with its error (the routes turn it into the
+API's error event). Replicas come from a fixed list or from a DNS name resolved every probe (a
+Kubernetes headless Service: one A record per ready pod); see `parse_urls`.
+
+Metrics per replica (`RouterMetrics`): requests routed, in flight, failures, prefix-affinity hits,
+healthy; in the registry given (prometheus-client's default one unless the frontend passes its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from frontend.engine_client.steps import Triton
+from frontend.engine_client.triton import MODELS, TritonClient
+from frontend.errors import APIError
+from frontend.routing.policy import Policy
+
+log = logging.getLogger(__name__)
+
+DNS_PREFIX = "dns+"
+_PROMPT_TENSOR = "input_ids"  # the engine's prompt token ids: the affinity key
+
+
+class RouterMetrics:
+    """Per replica: requests routed, in flight, failed as unavailable, routed by prefix affinity,
+    and whether it is routed to. In `registry`: the frontend's /metrics registry."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.registry = registry
+        label = ["replica"]
+        self.routed = Counter(
+            "tritonlm_router_requests_total",
+            "Requests routed to each Triton replica",
+            label,
+            registry=registry,
+        )
+        self.outstanding = Gauge(
+            "tritonlm_router_outstanding",
+            "Requests in flight on each Triton replica",
+            label,
+            registry=registry,
+        )
+        self.failures = Counter(
+            "tritonlm_router_failures_total",
+            "Requests a Triton replica failed as unavailable",
+            label,
+            registry=registry,
+        )
+        self.affinity_hits = Counter(
+            "tritonlm_router_prefix_affinity_hits_total",
+            "Requests routed by prompt-prefix affinity",
+            label,
+            registry=registry,
+        )
+        self.healthy = Gauge(
+            "tritonlm_router_replica_healthy", "1 while the replica is routed to", label, registry=registry
+        )
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Fixed `urls`, or a DNS `name` whose addresses, each with `port`, are the replicas."""
+
+    urls: tuple[str, ...] = ()
+    dns_name: str | None = None
+    port: int = 8001
+
+
+def parse_urls(value: str) -> Endpoints:
+    """`host:port,host:port` (fixed replicas) or `dns+name:port` (every address `name` resolves to,
+    re-resolved on each probe: a headless Service's name in Kubernetes)."""
+    value = value.strip()
+    if value.startswith(DNS_PREFIX):
+        name, _, port = value[len(DNS_PREFIX) :].rpartition(":")
+        if not name or not port.isdigit():
+            raise ValueError(f"TRITON_URLS: expected dns+NAME:PORT, got {value!r}")
+        return Endpoints(dns_name=name, port=int(port))
+    urls = tuple(u.strip() for u in value.split(",") if u.strip())
+    if not urls:
+        raise ValueError("TRITON_URLS: no Triton address given")
+    return Endpoints(urls=urls)
+
+
+def _unavailable(error: APIError) -> bool:
+    return error.status == 503
+
+
+def _prompt(model: str, inputs: dict[str, np.ndarray]) -> list[int] | None:
+    ids = inputs.get(_PROMPT_TENSOR)
+    return None if ids is None else [int(t) for t in np.asarray(ids).reshape(-1)]
+
+
+class Router:
+    """A `Triton` over replicas. `make_client(url, server_id)` opens one replica's client (tests
+        pass fakes); `server_ids`: the launcher's `--id` per fixed url, checked by `ready`; `registry`:
+    where the metrics go (one Router per registry)."""
+
+    def __init__(
+        self,
+        endpoints: Endpoints,
+        policy: Policy | None = None,
+        probe_seconds: float = 1.0,
+        server_ids: Iterable[str | None] = (),
+        make_client: Callable[[str, str | None], Triton] | None = None,
+        registry: CollectorRegistry = REGISTRY,
+    ) -> None:
+        self.endpoints = endpoints
+        self.metrics = RouterMetrics(registry)
+        self.policy = policy or Policy()
+        self.probe_seconds = probe_seconds
+        self._ids = dict(zip(endpoints.urls, server_ids, strict=False))
+        self._make = make_client or (lambda url, sid: TritonClient(url, server_id=sid))
+        self.clients: dict[str, Triton] = {}
+        self._probe_task: asyncio.Task | None = None
+        self._set(list(endpoints.urls))
+
+    # --- replicas -------------------------------------------------------------------------------
+    def _set(self, urls: list[str]) -> None:
+        for url in urls:
+            if url not in self.clients:
+                self.clients[url] = self._make(url, self._ids.get(url))
+                self.metrics.healthy.labels(url).set(1)
+        for url in [u for u in self.clients if u not in urls]:
+            client = self.clients.pop(url)
+            self.metrics.healthy.labels(url).set(0)
+            if hasattr(client, "close"):
+                asyncio.get_running_loop().create_task(client.close())
+        self.policy.set_replicas(urls)
+
+    def _mark(self, url: str, healthy: bool) -> None:
+        state = self.policy.replicas.get(url)
+        if state is not None and state.healthy != healthy:
+            log.warning("Triton replica %s %s", url, "back in" if healthy else "taken out")
+        self.policy.mark(url, healthy)
+        self.metrics.healthy.labels(url).set(1 if healthy else 0)
+
+    async def _resolve(self) -> None:
+        name, port = self.endpoints.dns_name, self.endpoints.port
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            log.warning("resolving %s: %s (keeping %d replicas)", name, exc, len(self.clients))
+            return
+        hosts = sorted({info[4][0] for info in infos})
+        self._set([f"[{h}]:{port}" if ":" in h else f"{h}:{port}" for h in hosts])
+
+    async def probe(self, models: Iterable[str] = MODELS) -> None:
+        """Re-resolve the DNS name (if any) and ask every replica whether it is ready."""
+        if self.endpoints.dns_name:
+            await self._resolve()
+        models = tuple(models)
+        urls = list(self.clients)
+        results = await asyncio.gather(*(self.clients[u].ready(models) for u in urls))
+        for url, ok in zip(urls, results, strict=True):
+            self._mark(url, bool(ok))
+
+    async def _probe_forever(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self.probe()
+            await asyncio.sleep(self.probe_seconds)
+
+    def start(self) -> None:
+        if self._probe_task is None:
+            self._probe_task = asyncio.get_running_loop().create_task(self._probe_forever())
+
+    async def close(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
+        for client in self.clients.values():
+            if hasattr(client, "close"):
+                await client.close()
+
+    # --- the Triton interface --------------------------------------------------------------------
+    async def ready(self, models: Iterable[str]) -> bool:
+        """Ready while at least one replica is (each replica's state is refreshed here too)."""
+        await self.probe(models)
+        return any(s.healthy for s in self.policy.replicas.values())
+
+    def _pick(self, model: str, inputs: dict[str, np.ndarray], tried: list[str]) -> str:
+        choice = self.policy.choose(_prompt(model, inputs), exclude=tried)
+        if choice is None:
+            raise APIError(503, "inference server unavailable: no Triton replica is ready")
+        if choice.affinity:
+            self.metrics.affinity_hits.labels(choice.replica).inc()
+        self.policy.started(choice.replica)
+        self.metrics.routed.labels(choice.replica).inc()
+        self.metrics.outstanding.labels(choice.replica).inc()
+        return choice.replica
+
+    def _done(self, url: str) -> None:
+        self.policy.finished(url)
+        self.metrics.outstanding.labels(url).dec()
+
+    def _failed(self, url: str) -> None:
+        self.metrics.failures.labels(url).inc()
+        self._mark(url, False)
+
+    async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tried: list[str] = []
+        while True:
+            url = self._pick(model, inputs, tried)
+            tried.append(url)
+            try:
+                return await self.clients[url].infer(model, inputs)
+            except APIError as exc:
+                if not _unavailable(exc):
+                    raise
+                self._failed(url)
+                if len(tried) > 1:
+                    raise
+            finally:
+                self._done(url)
+
+    async def stream(
+        self, model: str, inputs: dict[str, np.ndarray], outputs: Iterable[str] | None = None
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        wanted = None if outputs is None else tuple(outputs)
+        tried: list[str] = []
+        while True:
+            url = self._pick(model, inputs, tried)
+            tried.append(url)
+            started = False
+            try:
+                upstream = self.clients[url].stream(model, inputs, wanted)
+                async with contextlib.aclosing(upstream) as responses:
+                    async for response in responses:
+                        started = True
+                        yield response
+                return
+            except APIError as exc:
+                if not _unavailable(exc):
+                    raise
+                self._failed(url)
+                if started or len(tried) > 1:
+                    raise  # a started stream cannot be replayed: the client gets an error event
+            finally:
+                self._done(url)

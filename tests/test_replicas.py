@@ -1,0 +1,167 @@
+"""`TRITON_REPLICAS=2` through the launcher: two tritonservers behind one routing frontend. Load
+spreads over both, a shared long prefix stays on one (and hits its prefix cache), and a replica
+SIGKILLed under streamed load costs only the streams it had started; it comes back and takes load."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tritonlm import launcher
+
+STEP = launcher.REPLICA_PORT_STEP
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _port_block() -> int:
+    """A base port p with p..p+3 and p+STEP..p+STEP+2 free."""
+    for base in range(28200, 28800, 7):
+        if all(
+            _free(p)
+            for p in (base, base + 1, base + 2, base + 3, base + STEP, base + STEP + 1, base + STEP + 2)
+        ):
+            return base
+    pytest.skip("no free port block in 28200-28900")
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir: Path, tmp_path_factory):
+    base = _port_block()
+    ports = launcher.Ports(frontend=base + 3, http=base, grpc=base + 1, metrics=base + 2)
+    env = {**os.environ, "TRITON_REPLICAS": "2", "DRAIN_SECONDS": "1", "MODEL_DIR": str(model_dir)}
+    env.update({k: str(v) for k, v in ports.by_variable().items()})
+    log = tmp_path_factory.mktemp("replicas") / "launcher.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tritonlm.launcher"], env=env, stdout=out, stderr=subprocess.STDOUT,
+            cwd=launcher.ROOT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        launcher.wait_ready(f"http://127.0.0.1:{ports.frontend}/health", process, 600, "launcher")
+        yield ports, process
+    except Exception:
+        print(log.read_text(errors="replace")[-4000:])
+        raise
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _engine_requests(ports: launcher.Ports, replica: int) -> int:
+    """Requests the replica's engine model has finished, from Triton's own metrics."""
+    text = httpx.get(f"http://127.0.0.1:{ports.metrics + STEP * replica}/metrics", timeout=5).text
+    match = re.search(r'nv_inference_request_success\{model="engine",version="1"\} (\d+)', text)
+    return int(match.group(1)) if match else 0
+
+
+def _complete(ports: launcher.Ports, prompt: str, max_tokens: int = 4) -> dict:
+    body = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    response = httpx.post(f"http://127.0.0.1:{ports.frontend}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_load_spreads_over_both_replicas(cluster):
+    ports, _ = cluster
+    before = [_engine_requests(ports, i) for i in (0, 1)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: _complete(ports, f"request number {i} asks", 16), range(8)))
+    gained = [_engine_requests(ports, i) - before[i] for i in (0, 1)]
+    assert sum(gained) == 8 and min(gained) >= 2, gained
+
+
+def test_shared_long_prefix_lands_on_one_replica_and_hits_its_cache(cluster):
+    ports, _ = cluster
+    prefix = "You are a careful assistant for the archive of the old harbour town. " * 6
+    before = [_engine_requests(ports, i) for i in (0, 1)]
+    results = [_complete(ports, f"{prefix} Question {i}: what is kept here?") for i in range(4)]
+    gained = [_engine_requests(ports, i) - before[i] for i in (0, 1)]
+    assert sorted(gained) == [0, 4], gained
+    cached = [r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) for r in results]
+    assert all(c >= 32 for c in cached[1:]), cached
+
+
+def _replica_pid(grpc_port: int) -> int:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                args = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if args and args[0].endswith(b"tritonserver") and f"--grpc-port={grpc_port}".encode() in args:
+                return int(entry.name)
+    raise AssertionError(f"no tritonserver with --grpc-port={grpc_port}")
+
+
+def _stream(ports: launcher.Ports, index: int, started: list) -> dict:
+    """One streamed completion: how many tokens came and whether it ended with an error event."""
+    body = {"model": "default", "prompt": f"story {index}:", "max_tokens": 120, "stream": True,
+            "temperature": 1.0, "ignore_eos": True}  # fmt: skip
+    chunks, error = 0, None
+    with httpx.stream(
+        "POST", f"http://127.0.0.1:{ports.frontend}/v1/completions", json=body, timeout=120
+    ) as r:
+        if r.status_code != 200:
+            return {"status": r.status_code, "chunks": 0, "error": r.read().decode()}
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line[len("data: ") :])
+            if "error" in payload:
+                error = payload["error"]
+            else:
+                chunks += 1
+                started.append(index)
+    return {"status": 200, "chunks": chunks, "error": error}
+
+
+def test_sigkill_one_replica_under_streamed_load(cluster):
+    ports, _ = cluster
+    victim = ports.grpc + STEP
+    started: list[int] = []
+    with ThreadPoolExecutor(10) as pool:
+        first = [pool.submit(_stream, ports, i, started) for i in range(6)]
+        deadline = time.monotonic() + 60
+        while len(set(started)) < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(_replica_pid(victim), signal.SIGKILL)
+        later = [pool.submit(_stream, ports, 100 + i, []) for i in range(4)]  # not started: must succeed
+        first, later = [f.result() for f in first], [f.result() for f in later]
+    assert all(r["status"] == 200 for r in first + later), first + later
+    broken = [r for r in first if r["error"] is not None]
+    assert broken and len(broken) < len(first), first  # the dead replica's streams, and only those
+    assert all(r["error"] is None and r["chunks"] > 0 for r in later), later
+    assert all(r["chunks"] > 0 for r in broken)
+    # The launcher restarts it; the router probes it back in and sends it load again.
+    deadline = time.monotonic() + 300
+    while not launcher.http_ok(f"http://127.0.0.1:{ports.http + STEP}/v2/health/ready"):
+        assert time.monotonic() < deadline, "replica 1 did not come back"
+        time.sleep(1)
+    time.sleep(2)  # a probe round
+    before = _engine_requests(ports, 1)
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(lambda i: _complete(ports, f"after the restart {i}", 8), range(6)))
+    assert _engine_requests(ports, 1) > before
