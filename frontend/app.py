@@ -117,7 +117,7 @@ def create_app(
     return app
 
 
-async def engine_lora_adapters(client: TritonClient) -> tuple[str, ...]:
+async def engine_lora_adapters(client: Triton) -> tuple[str, ...]:
     """The names of the engine's LoRA adapters: its `lora_modules` setting as the engine reads it,
     from its config.pbtxt parameter (asked of Triton) and this process's environment, which the
     launcher shares with tritonserver (LORA_MODULES, TRITONLM_LORA_MODULES). A server without the

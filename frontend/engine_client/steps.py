@@ -33,6 +33,8 @@ class Triton(Protocol):
 
     async def ready(self, models: Iterable[str]) -> bool: ...
 
+    async def model_parameters(self, model: str) -> dict[str, str]: ...
+
 
 @dataclass
 class TopToken:

@@ -192,6 +192,18 @@ class Router:
         await self.probe(models)
         return any(s.healthy for s in self.policy.replicas.values())
 
+    async def model_parameters(self, model: str) -> dict[str, str]:
+        """A model's config parameters, from the first replica that answers (every replica serves
+        the same model repository)."""
+        error: APIError | None = None
+        replicas = self.policy.replicas
+        for url in sorted(self.clients, key=lambda u: not (u in replicas and replicas[u].healthy)):
+            try:
+                return await self.clients[url].model_parameters(model)
+            except APIError as exc:
+                error = exc
+        raise error or APIError(503, "no Triton replica", "unavailable")
+
     def _pick(self, model: str, inputs: dict[str, np.ndarray], tried: list[str]) -> str:
         choice = self.policy.choose(_prompt(model, inputs), exclude=tried)
         if choice is None:
