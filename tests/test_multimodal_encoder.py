@@ -10,9 +10,14 @@ import pytest
 import torch
 from PIL import Image
 
+from tritonlm.config import EngineConfig
+from tritonlm.engine.loop import Engine
+from tritonlm.engine.sequence import Sequence
 from tritonlm.multimodal import checkpoints
 from tritonlm.multimodal.encoder import MediaEncoder, media_kinds
 from tritonlm.multimodal.placeholders import expand_placeholders, prompt_table
+from tritonlm.serving.engine_inputs import parse_request
+from tritonlm.worker.model_runner import ModelRunner
 
 NEW_TOKENS = 8
 
@@ -68,3 +73,39 @@ def test_table_rows_reproduce_transformers_generate(built, kind):
     embeds[ids_t >= vocab] = table[ids_t[ids_t >= vocab] - vocab]
     out = model.generate(inputs_embeds=embeds[None], max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
     assert out[-NEW_TOKENS:] == expected
+
+
+@pytest.mark.parametrize("kind", ["llava", "qwen2_audio"])
+def test_engine_serves_the_table_like_transformers(built, kind):
+    """The engine loads the checkpoint's language model and reads media rows from the prompt table
+    (issue 11's path): its greedy tokens equal transformers generate with the processor's inputs."""
+    encoder = MediaEncoder(built[kind])
+    processor, model = encoder.processor, encoder.model
+    media = "image" if kind == "llava" else "audio"
+    item = Image.new("RGB", (40, 40), (0, 90, 200)) if media == "image" else sine(0.7)
+    text = processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": media}, {"type": "text", "text": "Describe"}]}],
+        add_generation_prompt=True,
+    )
+    if media == "image":
+        inputs = processor(images=[item], text=text, return_tensors="pt")
+    else:
+        inputs = processor(audio=[item], text=text, sampling_rate=encoder.sampling_rate, return_tensors="pt")
+    expected = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
+    features = [encoder.encode(media, item).numpy()]
+    runner = ModelRunner(EngineConfig(str(built[kind]), max_num_seqs=2, max_seq_len=256))
+    placeholder = processor.tokenizer.convert_tokens_to_ids(encoder.placeholder_token[media])
+    ids = expand_placeholders(
+        processor.tokenizer(text).input_ids, placeholder, [len(features[0])], runner.vocab_size
+    )
+    tensors = {
+        "input_ids": np.array([ids], np.int32),
+        "request_output_len": np.array([[NEW_TOKENS]], np.int32),
+        "prompt_embedding_table": prompt_table(features),
+    }
+    seq = Sequence(parse_request(tensors, runner.vocab_size, 256, hidden_size=runner.hidden_size))
+    engine = Engine(runner, lambda s, n: None)
+    engine.add(seq)
+    while engine.scheduler.has_work():
+        engine.step()
+    assert seq.output_ids == expected[0, -NEW_TOKENS:].tolist()

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from transformers import (
     AutoConfig,
+    AutoModelForCausalLM,
     AutoProcessor,
     LlavaForConditionalGeneration,
     Qwen2AudioForConditionalGeneration,
@@ -31,6 +32,15 @@ def media_kinds(model_dir: str | Path) -> tuple[str, ...]:
     """The media a checkpoint accepts; () for a text-only model."""
     architectures = AutoConfig.from_pretrained(model_dir).architectures or []
     return next((ARCHITECTURES[a][1] for a in architectures if a in ARCHITECTURES), ())
+
+
+def language_model_class(config) -> type:
+    """The class the engine loads a checkpoint with: a multimodal one's own class (its language
+    model serves; the towers stay idle there), else AutoModelForCausalLM."""
+    for architecture in config.architectures or []:
+        if architecture in ARCHITECTURES:
+            return ARCHITECTURES[architecture][0]
+    return AutoModelForCausalLM
 
 
 class MediaEncoder:
