@@ -12,11 +12,12 @@ import logging
 from dataclasses import dataclass, field
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.sequence import Sequence
 from tritonlm.lora.layers import LoraLayers
+from tritonlm.multimodal.encoder import language_model_class
 from tritonlm.worker import kv_cache, step_inputs
 from tritonlm.worker.decode_workspace import DecodeWorkspace
 from tritonlm.worker.kv_cache import PagedKVCache, ShapeProbe
@@ -56,9 +57,13 @@ class ModelRunner:
         self.device = config.torch_device()
         self.dtype = config.torch_dtype(self.device, getattr(checkpoint, "dtype", None))
         self.cache = PagedKVCache(config.block_size, self.dtype, self.device)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            config.model_dir, dtype=self.dtype, attn_implementation=kv_cache.register(self.cache)
-        ).to(self.device)
+        self.model = (
+            language_model_class(checkpoint)
+            .from_pretrained(
+                config.model_dir, dtype=self.dtype, attn_implementation=kv_cache.register(self.cache)
+            )
+            .to(self.device)
+        )
         self.model.eval()
         self.lora = LoraLayers(self.model)  # adapters' hooks, installed when one first runs
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
@@ -144,6 +149,8 @@ class ModelRunner:
         finally:
             self.cache.layout = None
         logits = out.logits[0]
+        if logits.shape[0] != len(keep):  # a model that ignores logits_to_keep (e.g. Qwen2Audio)
+            logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
         # The sampled rows, in the order of `seqs` (the batch was packed decodes first).
         select: list[int] = []
         offsets = [0]

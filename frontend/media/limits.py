@@ -1,0 +1,48 @@
+"""Limits on media input, defaults from seeds 000/001, each overridable by an environment setting."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+
+MB = 1024 * 1024
+KINDS = ("image", "video", "audio")
+
+
+class MediaError(ValueError):
+    """A media item the server refuses. `part`: the request field at fault
+    (e.g. `messages[0].content[1]`); `status`: 400, or 413 for a payload over a byte limit."""
+
+    def __init__(self, part: str, message: str, status: int = 400) -> None:
+        super().__init__(f"{part}: {message}")
+        self.part = part
+        self.status = status
+
+
+@dataclass(frozen=True)
+class MediaLimits:
+    """Each field is read from the environment variable of its upper-cased name prefixed `MEDIA_`
+    (e.g. MEDIA_MAX_ITEMS)."""
+
+    max_items: int = 20  # image_url + video_url + audio_url per request (seed 000)
+    max_image_bytes: int = 20 * MB  # seed 000 (seed 001 allows 40 MB: raise it there)
+    max_video_bytes: int = 512 * MB
+    max_audio_bytes: int = 20 * MB
+    max_image_pixels: int = 4096 * 4096
+    max_video_frames: int = 32
+    max_audio_seconds: float = 30.0  # Whisper-style extractors see 30 s windows
+    fetch_timeout_s: float = 10.0
+    max_redirects: int = 3
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> MediaLimits:
+        env = os.environ if env is None else env
+        values = {}
+        for f in fields(cls):
+            raw = env.get(f"MEDIA_{f.name.upper()}")
+            if raw is not None:
+                values[f.name] = type(getattr(cls, f.name))(raw)
+        return cls(**values)
+
+    def max_bytes(self, kind: str) -> int:
+        return getattr(self, f"max_{kind}_bytes")

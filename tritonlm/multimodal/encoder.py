@@ -1,0 +1,106 @@
+"""The checkpoint's own media encoders: each media item becomes rows of a prompt embedding table.
+
+`MediaEncoder(model_dir)` loads the model and its processor (`save_pretrained` files) and, per item,
+runs the vision tower / audio encoder and the projector exactly as the model's forward does, so the
+rows equal what transformers merges at the placeholder positions. The number of rows is the
+number of placeholder positions the processor's own rule gives (transformers checks they agree).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoProcessor,
+    LlavaForConditionalGeneration,
+    Qwen2AudioForConditionalGeneration,
+)
+from transformers.masking_utils import create_bidirectional_mask
+
+# Architecture -> media kinds it accepts, and the model class to load.
+ARCHITECTURES = {
+    "LlavaForConditionalGeneration": (LlavaForConditionalGeneration, ("image",)),
+    "Qwen2AudioForConditionalGeneration": (Qwen2AudioForConditionalGeneration, ("audio",)),
+}
+
+
+def media_kinds(model_dir: str | Path) -> tuple[str, ...]:
+    """The media a checkpoint accepts; () for a text-only model."""
+    architectures = AutoConfig.from_pretrained(model_dir).architectures or []
+    return next((ARCHITECTURES[a][1] for a in architectures if a in ARCHITECTURES), ())
+
+
+def language_model_class(config) -> type:
+    """The class the engine loads a checkpoint with: a multimodal one's own class (its language
+    model serves; the towers stay idle there), else AutoModelForCausalLM."""
+    for architecture in config.architectures or []:
+        if architecture in ARCHITECTURES:
+            return ARCHITECTURES[architecture][0]
+    return AutoModelForCausalLM
+
+
+class MediaEncoder:
+    def __init__(self, model_dir: str | Path) -> None:
+        architecture = next(
+            a for a in AutoConfig.from_pretrained(model_dir).architectures if a in ARCHITECTURES
+        )
+        model_class, self.kinds = ARCHITECTURES[architecture]
+        self.model = model_class.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.processor = AutoProcessor.from_pretrained(model_dir)
+        config = self.model.config
+        self.hidden_size = config.get_text_config().hidden_size
+        self.placeholder_token = {
+            "image": getattr(self.processor, "image_token", None),
+            "audio": getattr(self.processor, "audio_token", None),
+        }
+
+    @property
+    def sampling_rate(self) -> int:
+        return self.processor.feature_extractor.sampling_rate
+
+    @torch.no_grad()
+    def encode(self, kind: str, item: object) -> torch.Tensor:
+        """[rows, hidden] features of one item: a PIL image, or mono float32 samples at `sampling_rate`."""
+        if kind not in self.kinds:
+            raise ValueError(f"this model accepts {', '.join(self.kinds)}, not {kind}")
+        if kind == "image":
+            return self._image(item)
+        return self._audio(item)
+
+    def _image(self, image) -> torch.Tensor:
+        config = self.model.config
+        pixels = self.processor.image_processor(images=[image], return_tensors="pt").pixel_values
+        out = self.model.model.get_image_features(
+            pixel_values=pixels.to(self.model.dtype),
+            vision_feature_layer=config.vision_feature_layer,
+            vision_feature_select_strategy=config.vision_feature_select_strategy,
+        )
+        return torch.cat(list(out.pooler_output)).reshape(-1, self.hidden_size)
+
+    def _audio(self, samples: np.ndarray) -> torch.Tensor:
+        # The processor's settings: padded to the extractor's window, with the mask giving the real length.
+        inputs = self.processor.feature_extractor(
+            [samples],
+            sampling_rate=self.sampling_rate,
+            return_attention_mask=True,
+            padding="max_length",
+            return_tensors="pt",
+        )
+        features, mask = inputs.input_features.to(self.model.dtype), inputs.attention_mask
+        tower = self.model.model.audio_tower
+        feat_lengths, out_lengths = tower._get_feat_extract_output_lengths(mask.sum(-1))
+        max_len = (features.shape[-1] - 2) // 2 + 1
+        keep = (torch.arange(max_len)[None, :] < feat_lengths[:, None]).long()
+        # Qwen2Audio's forward builds the encoder's bidirectional mask from `keep` the same way.
+        attention = create_bidirectional_mask(
+            config=tower.config,
+            inputs_embeds=torch.zeros(1, max_len, 1, dtype=features.dtype),
+            attention_mask=keep,
+        )
+        hidden = tower(features, attention_mask=attention).last_hidden_state
+        rows = self.model.model.multi_modal_projector(hidden)
+        return rows[0, : int(out_lengths[0])]
