@@ -241,14 +241,15 @@ def model_dir_from_env() -> Path:
     default, SmolLM2-135M-Instruct (converted at set-up, or now)."""
     if os.environ.get("MODEL_DIR"):
         return Path(os.environ["MODEL_DIR"]).resolve()
-    if os.environ.get("MODEL", "smollm2") == "tiny":
+    model = os.environ.get("MODEL") or "smollm2"  # the Makefile exports MODEL, empty when not given
+    if model == "tiny":
         if not (DEFAULT_MODEL_DIR / "config.json").exists():
             from tritonlm.default_model import generate
 
             generate(DEFAULT_MODEL_DIR)
         return DEFAULT_MODEL_DIR
-    if os.environ.get("MODEL", "smollm2") != "smollm2":
-        raise ConfigError(f"MODEL={os.environ['MODEL']!r}: use MODEL=tiny, or MODEL_DIR=/path/to/model")
+    if model != "smollm2":
+        raise ConfigError(f"MODEL={model!r}: use MODEL=tiny, or MODEL_DIR=/path/to/model")
     return smollm2.convert()
 
 
