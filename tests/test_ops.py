@@ -79,7 +79,7 @@ def tls_frontend(servers: Servers, tmp_path_factory) -> Iterator[Frontend]:
     }
     log = directory / "frontend.log"
     with mock.patch.dict(os.environ, env):
-        process = launcher.start_frontend(ports, "default", log)
+        process = launcher.start_frontend(ports, "default", log, model_dir=servers.model_dir)
         try:
             url, context = launcher.frontend_health(ports)
             assert url.startswith("https://")
@@ -149,7 +149,9 @@ def test_client_certificates_are_required_with_a_ca(servers: Servers, tmp_path: 
     ports = launcher.Ports(frontend=free_port(), grpc=servers.ports.grpc)
     env = {"SSL_CERTFILE": str(cert), "SSL_KEYFILE": str(key), "SSL_CA_CERTS": str(client_cert)}
     with mock.patch.dict(os.environ, env):
-        process = launcher.start_frontend(ports, "default", tmp_path / "frontend.log")
+        process = launcher.start_frontend(
+            ports, "default", tmp_path / "frontend.log", model_dir=servers.model_dir
+        )
         try:
             health_url, context = launcher.frontend_health(ports)
             # up, though it refuses us
