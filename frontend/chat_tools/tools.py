@@ -132,7 +132,12 @@ class ToolSpec:
                     {
                         "type": "tag",
                         "begin": CALL_OPEN + "\n",
-                        "content": {"type": "json_schema", "json_schema": self.call_schema()},
+                        # Bounded whitespace: a model may otherwise loop on spaces inside a call.
+                        "content": {
+                            "type": "json_schema",
+                            "json_schema": self.call_schema(),
+                            "max_whitespace_cnt": 1,
+                        },
                         "end": "\n" + CALL_CLOSE,
                     }
                 ],
