@@ -44,6 +44,11 @@ def main(argv: list[str] | None = None) -> None:
         "(the launcher picks it from the chat template; TRITONLM_TOOL_PARSER wins)"
     )  # fmt: skip
     parser.add_argument(
+        "--tools-in-prompt", action="store_true",
+        help="the chat template knows no tools: they are written into the prompt in Hermes' format, "
+        "and tool_choice auto replies are held to valid <tool_call> blocks (the launcher sets it)",
+    )  # fmt: skip
+    parser.add_argument(
         "--reasoning-parser", help="think (default: <think> blocks become reasoning_content) or none "
         "(the launcher picks it from the chat template; TRITONLM_REASONING_PARSER wins)"
     )  # fmt: skip
@@ -70,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         ops=ops,
         triton_server_id=args.triton_server_id,
         tool_parser=args.tool_parser,
+        tools_in_prompt=args.tools_in_prompt,
         reasoning_parser=args.reasoning_parser,
     )
     uvicorn.run(

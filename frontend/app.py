@@ -46,6 +46,7 @@ def create_app(
     triton_server_id: str | None = None,
     tool_parser: str | None = None,
     reasoning_parser: str | None = None,
+    tools_in_prompt: bool = False,
 ) -> FastAPI:
     """`triton`: an object with TritonClient's `stream`/`infer`/`ready` (tests pass a fake);
     by default a gRPC client for `triton_url`, opened on start-up inside the server's event loop.
@@ -85,6 +86,7 @@ def create_app(
     app.state.tool_parser = os.environ.get(TOOL_PARSER_ENV) or tool_parser or "hermes"
     app.state.reasoning_parser = os.environ.get(REASONING_PARSER_ENV) or reasoning_parser or "think"
     check_parsers(app.state.tool_parser, app.state.reasoning_parser)
+    app.state.tools_in_prompt = tools_in_prompt  # the chat template knows no tools
     if triton is not None:
         app.state.triton = triton
     errors.install(app)

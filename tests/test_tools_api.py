@@ -6,6 +6,7 @@ present, a weather call that names Paris."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import openai
@@ -184,3 +185,79 @@ def test_required_with_n_and_sampling(client, servers):
     for choice in reply.choices:
         (call,) = whole_calls(choice.message).values()
         jsonschema.validate(json.loads(call["arguments"]), WEATHER["function"]["parameters"])
+
+
+FORECAST = {  # no free strings: a call block is short, and ends within a few tokens
+    "type": "function",
+    "function": {
+        "name": "forecast",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "unit": {"enum": ["c", "f"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["unit", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+CALL_TOKEN = "<tool_call>"
+
+
+def template_without_tools(model_dir: Path, into: Path) -> Path:
+    """A copy of the model whose chat template knows no tools (plain ChatML), and whose lm_head
+    favours `<tool_call>` (its row scaled up), so that the random model opens call blocks often."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, into)
+    config_path = into / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    config_path.write_text(json.dumps(config))
+    (token,) = load_tokenizer(into).encode(CALL_TOKEN, add_special_tokens=False)
+    weights = load_file(into / "model.safetensors")
+    weights["lm_head.weight"][token] *= 30
+    save_file(
+        {k: v.contiguous() for k, v in weights.items()}, into / "model.safetensors", metadata={"format": "pt"}
+    )
+    return into
+
+
+@needs_guide
+def test_auto_on_a_template_without_tools_writes_only_valid_calls(model_dir, tmp_path):
+    from conftest import running_servers
+
+    schema = FORECAST["function"]["parameters"]
+    with running_servers(template_without_tools(model_dir, tmp_path / "model"), {}) as plain:
+        client = openai.OpenAI(base_url=plain.frontend_url + "/v1", api_key="x", max_retries=0)
+        calls = 0
+        for seed in range(4):
+            for parallel in (True, False):
+                reply = client.chat.completions.create(
+                    model=plain.model_name,
+                    messages=[{"role": "user", "content": "Forecast?"}],
+                    tools=[FORECAST],
+                    parallel_tool_calls=parallel,
+                    temperature=1,
+                    seed=seed,
+                    max_tokens=80,
+                )
+                message = reply.choices[0].message
+                cut = reply.usage.completion_tokens == 80  # (finish_reason says tool_calls then)
+                done = (message.tool_calls or [])[: -1 if cut else None]  # max_tokens may cut the last
+                for call in done:
+                    assert call.function.name == "forecast"
+                    jsonschema.validate(json.loads(call.function.arguments), schema)
+                calls += len(done)
+                if not parallel:  # the grammar ends after the first block
+                    assert len(message.tool_calls or []) <= 1
+                # Only a block that max_tokens cut may be left as text.
+                text = message.content or ""
+                assert text.count(CALL_TOKEN) <= (1 if cut else 0)
+    assert calls >= 4

@@ -106,3 +106,71 @@ def test_databricks_chat_tool_calls():
     message = r.json()["choices"][0]["message"]
     assert message["tool_calls"][0]["function"]["name"] == "get_weather"
     assert r.json()["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def tools_in_prompt_guide(**body) -> dict[str, object]:
+    """What reaches the ensemble from a server whose chat template knows no tools."""
+    fake = FakeTriton(chunked(REPLY))
+    assert (
+        client(fake, tools_in_prompt=True)
+        .post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES, **body})
+        .status_code
+        == 200
+    )
+    return values(all_inputs(fake)[0])
+
+
+def test_auto_with_tools_in_the_prompt_is_held_to_valid_call_blocks():
+    sent = tools_in_prompt_guide(tools=[WEATHER])
+    assert sent["guided_decoding_guide_type"] == "structural_tag"
+    tag = json.loads(sent["guided_decoding_guide"])["format"]
+    assert tag["triggers"] == ["<tool_call>"] and tag["stop_after_first"] is False
+    (block,) = tag["tags"]
+    assert (block["begin"], block["end"]) == ("<tool_call>\n", "\n</tool_call>")
+    call = block["content"]["json_schema"]
+    assert call["properties"] == {
+        "name": {"const": "get_weather"},
+        "arguments": WEATHER["function"]["parameters"],
+    }
+    one = tools_in_prompt_guide(tools=[WEATHER], parallel_tool_calls=False)
+    assert json.loads(one["guided_decoding_guide"])["format"]["stop_after_first"] is True
+    # No tools, tool_choice none, or an explicit response format: no call guide.
+    assert "guided_decoding_guide" not in tools_in_prompt_guide()
+    assert "guided_decoding_guide" not in tools_in_prompt_guide(tools=[WEATHER], tool_choice="none")
+    fmt = tools_in_prompt_guide(tools=[WEATHER], response_format={"type": "json_object"})
+    assert fmt["guided_decoding_guide_type"] == "json"
+    # A template that renders the tools itself: auto stays unguided.
+    fake = FakeTriton(chunked(REPLY))
+    post(fake, tools=[WEATHER])
+    assert "guided_decoding_guide" not in values(all_inputs(fake)[0])
+
+
+def test_the_call_block_guide_accepts_valid_calls_only(model_dir):
+    import xgrammar as xgr
+
+    from tritonlm.structured_output.grammars import Grammars
+    from tritonlm.text.tokenization import load_tokenizer
+
+    other = {
+        "type": "function",
+        "function": {"name": "now", "parameters": {"type": "object", "properties": {}}},
+    }
+    sent = tools_in_prompt_guide(tools=[WEATHER, other])
+    tokenizer = load_tokenizer(model_dir)
+    compiled = Grammars(tokenizer, len(tokenizer)).compile("structural_tag", sent["guided_decoding_guide"])
+
+    def accepts(text: str) -> bool:
+        return xgr.GrammarMatcher(compiled.result(timeout=60)).accept_string(text)
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert accepts(
+        "Sure. "
+        + call
+        + " and "
+        + call.replace('"get_weather", "arguments": {"city": "Paris"}', '"now", "arguments": {}')
+    )
+    assert accepts("No call at all.")
+    assert not accepts('<tool_call>\n{"name": "get_time", "arguments": {}}')  # not a tool
+    assert not accepts(
+        '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Paris"}}'
+    )  # bad arguments

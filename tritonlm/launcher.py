@@ -173,6 +173,8 @@ def start_frontend(
     template = chat_format.read_template(model_dir or model_dir_from_env())
     command += ["--tool-parser", chat_format.tool_parser(template)]
     command += ["--reasoning-parser", chat_format.reasoning_parser(template)]
+    if not chat_format.supports_tools(template):
+        command += ["--tools-in-prompt"]
     if log_path is None:
         return processes.spawn(command, cwd=ROOT)
     with open(log_path, "ab") as out:

@@ -4,7 +4,9 @@ grammar enforces a call, and how the reply is read.
 
 - `none` (the default without tools): the tools are not shown to the model; the reply is text.
 - `auto` (the default with tools): the model sees them in its chat template and decides; what it
-  writes in its own format is read as calls (parser from the chat template, see `parsers`).
+  writes in its own format is read as calls (parser from the chat template, see `parsers`). When
+  the template knows no tools (they are written into the prompt in Hermes' format), the reply is
+  free text in which each `<tool_call>` block is held to a valid call (`tagged_calls_guide_json`).
 - `required` / a named function: the grammar makes the reply a call (a JSON list of
   `{"name", "arguments"}` objects, one when `parallel_tool_calls` is false) or the named function's
   arguments, validated against the tools' `parameters` schemas.
@@ -21,6 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, fi
 from frontend.errors import APIError
 
 MAX_TOOLS = 32  # seed 002: at most 32 functions
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # Hermes' call blocks (parsers.hermes reads them)
 _CONFIG = ConfigDict(extra="forbid", strict=True)
 
 
@@ -91,10 +94,8 @@ class ToolSpec:
     def template_tools(self) -> list[dict[str, Any]]:
         return list(self.tools)
 
-    def guide_schema(self) -> dict[str, Any]:
-        """The JSON schema the reply must match for `required` or a named function."""
-        if self.choice == "function":
-            return _parameters(next(t for t in self.tools if t["function"]["name"] == self.name))
+    def call_schema(self) -> dict[str, Any]:
+        """One call of any of the tools: `{"name": …, "arguments": …}` with that tool's parameters."""
         calls = [
             {
                 "type": "object",
@@ -104,13 +105,46 @@ class ToolSpec:
             }
             for t in self.tools
         ]
-        call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+    def guide_schema(self) -> dict[str, Any]:
+        """The JSON schema the reply must match for `required` or a named function."""
+        if self.choice == "function":
+            return _parameters(next(t for t in self.tools if t["function"]["name"] == self.name))
+        call = self.call_schema()
         if not self.parallel:
             return call
         return {"type": "array", "items": call, "minItems": 1}
 
     def guide_json(self) -> str:
         return json.dumps(self.guide_schema(), ensure_ascii=False)
+
+    def tagged_calls_guide_json(self) -> str:
+        """`auto` with the tools in the prompt (Hermes' format, tritonlm.text.chat_format): an
+        xgrammar structural tag. The text is free until `<tool_call>`; then a valid call and
+        `</tool_call>` must follow (only one such block when `parallel_tool_calls` is false)."""
+        tag = {
+            "type": "structural_tag",
+            "format": {
+                "type": "triggered_tags",
+                "triggers": [CALL_OPEN],
+                "tags": [
+                    {
+                        "type": "tag",
+                        "begin": CALL_OPEN + "\n",
+                        # Bounded whitespace: a model may otherwise loop on spaces inside a call.
+                        "content": {
+                            "type": "json_schema",
+                            "json_schema": self.call_schema(),
+                            "max_whitespace_cnt": 1,
+                        },
+                        "end": "\n" + CALL_CLOSE,
+                    }
+                ],
+                "stop_after_first": not self.parallel,
+            },
+        }
+        return json.dumps(tag, ensure_ascii=False)
 
 
 def _parameters(tool: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from frontend.errors import APIError, openai_body
 from frontend.models import adapter_of, resolve_model
 from frontend.openai_api.format import Meta, Stream, response
 from frontend.openai_api.jobs import complete_all, stream_all
-from frontend.openai_api.schema import ChatCompletionRequest, CompletionRequest
+from frontend.openai_api.schema import ChatCompletionRequest, CompletionRequest, guide_calls_in_prompt
 from frontend.streaming import EventStream, sse, until_disconnected
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,8 @@ async def serve(request: Request, meta: Meta, jobs: list[Job]) -> Response:
     triton = request.app.state.triton
     for job in jobs:  # the model name may be a LoRA adapter's
         job.lora_name = adapter_of(request, meta.model)
+        if meta.kind == "chat" and request.app.state.tools_in_prompt:
+            guide_calls_in_prompt(job)
     prompts: list[Prompt | None] = [None] * len(jobs)
     if any(_lists_prompt(meta, job) for job in jobs):
         prompts = await until_disconnected(request, _prompts(triton, meta, jobs))

@@ -363,6 +363,15 @@ def _tools_guide(job: Job) -> None:
     job.guide, job.guide_param = Guide("json_schema", job.tools.guide_json()), "tools"
 
 
+def guide_calls_in_prompt(job: Job) -> None:
+    """tool_choice auto when the chat template knows no tools (they are written into the prompt):
+    the reply stays free text, but each `<tool_call>` block it opens must be a valid call. An
+    explicit response_format / structured_outputs wins (the model then answers in that format)."""
+    if job.tools is None or job.tools.guided or job.guide is not None:
+        return
+    job.guide, job.guide_param = Guide("structural_tag", job.tools.tagged_calls_guide_json()), "tools"
+
+
 def _chat_logprobs(job: Job, logprobs: bool | None, top_logprobs: int | None) -> None:
     """Seed 001: a top_logprobs value without logprobs turns logprobs on; logprobs false with
     alternatives asked for is a contradiction."""
