@@ -47,7 +47,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
 async def completions(req: CompletionRequest, request: Request) -> Response:
     model = resolve_model(request, req.model, "generate")
     meta = Meta("completion", model, full_text=request.app.state.stream_full_text)
-    return await serve(request, meta, [req.to_job()])
+    return await serve(request, meta, req.to_jobs())
 
 
 async def serve(request: Request, meta: Meta, jobs: list[Job]) -> Response:
