@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 from pathlib import Path
 
 import httpx
@@ -190,6 +191,15 @@ def test_prompt_embeds_over_openai_completions(servers, hf_model):
     assert [c["index"] for c in choices] == [0, 1]
     assert choices[1]["text"] == text(virtual)
     assert r.json()["usage"]["prompt_tokens"] == 3 + 5
+    # Streamed, and as an embedding layer's output [1, P, hidden].
+    body = {"model": servers.model_name, "max_tokens": 6, "temperature": 0, "stream": True}
+    body["prompt_embeds"] = embeds_b64(rows[None])
+    with httpx.stream("POST", servers.frontend_url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        lines = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(line) for line in lines[:-1]]
+    assert lines[-1] == "[DONE]"
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == text(virtual)
 
 
 @pytest.mark.parametrize(
@@ -200,7 +210,7 @@ def test_prompt_embeds_over_openai_completions(servers, hf_model):
         ({"prompt_embeds": embeds_b64(Path("/etc/passwd"))}, "torch.save"),  # no arbitrary objects
         ({"prompt_embeds": embeds_b64({"rows": torch.zeros(2, HIDDEN)})}, "single tensor"),
         ({"prompt_embeds": embeds_b64(torch.zeros(2, HIDDEN, dtype=torch.int32))}, "float"),
-        ({"prompt_embeds": embeds_b64(torch.zeros(1, 2, HIDDEN))}, "shape"),
+        ({"prompt_embeds": embeds_b64(torch.zeros(2, 2, HIDDEN))}, "shape"),
         ({"prompt_embeds": embeds_b64(torch.full((2, HIDDEN), float("nan")))}, "finite"),
         ({"prompt_embeds": embeds_b64(torch.zeros(2, 12))}, "hidden size"),  # checked by the engine
         ({"prompt_embeds": []}, "base64"),

@@ -1,7 +1,9 @@
 """vLLM's `prompt_embeds` on `POST /v1/completions`: a base64 string of a `torch.save`d float tensor
-[P, hidden] (or a list of them, one prompt each), fed to the model as P input embeddings before the
-prompt's tokens. Each becomes the engine's `prompt_embedding_table` [1, P, hidden] (FP16) with
-`virtual_tokens` P, so it takes the prompt-table path (README "Prompt tables").
+[P, hidden] or [1, P, hidden] (or a list of them, one prompt each), fed to the model as P input
+embeddings before the prompt's tokens. Each becomes the engine's `prompt_embedding_table`
+[1, P, hidden] (FP16) with `virtual_tokens` P, so it takes the prompt-table path (README "Prompt
+tables"). With `prompt` too, the rows prefix the prompt, as p-tuning's virtual tokens do (vLLM
+instead answers the two as separate prompts, the embeddings' first).
 
 Loading uses `torch.load(weights_only=True)`: tensors and plain containers only, never arbitrary
 pickled objects. The hidden size is checked by the engine, whose error names the table (renamed to
@@ -49,10 +51,17 @@ def _decode(text: str, index: int | None) -> np.ndarray:
         raise BadEmbeds(f"{where}is not a torch.save'd tensor (loaded with weights_only=True)") from None
     if not isinstance(tensor, torch.Tensor):
         raise BadEmbeds(f"{where}must be a single tensor, got {type(tensor).__name__}")
-    if not tensor.is_floating_point() or tensor.is_complex():
+    if tensor.layout != torch.strided:
+        raise BadEmbeds(f"{where}must be a dense tensor, got {tensor.layout}")
+    if not tensor.is_floating_point():
         raise BadEmbeds(f"{where}must be a float tensor, got {tensor.dtype}")
+    if tensor.dim() == 3 and tensor.shape[0] == 1:
+        tensor = tensor[0]  # an embedding layer's output for one sequence, [1, P, hidden]
     if tensor.dim() != 2 or tensor.shape[0] < 1 or tensor.shape[1] < 1:
         raise BadEmbeds(f"{where}must have shape [tokens, hidden size], got {list(tensor.shape)}")
+    # Strides may repeat a small storage (expand), so the payload's size does not bound the tensor's.
+    if tensor.numel() * 2 > MAX_EMBEDS_BYTES:
+        raise BadEmbeds(f"{where}must have at most {MAX_EMBEDS_BYTES // 2} values")
     if not bool(torch.isfinite(tensor).all()):
         raise BadEmbeds(f"{where}values must be finite")
     # The engine's table is FP16 (TensorRT-LLM's type); values beyond its range become inf there.
