@@ -453,5 +453,7 @@ def test_prompt_embeds_decoding_is_bounded_and_safe(monkeypatch, tmp_path):
         prompt_embeds.decode_all(b64(torch.ones(1, 8).expand(1000, 8)))
     with pytest.raises(prompt_embeds.BadEmbeds, match="at most 4096 bytes"):
         prompt_embeds.decode_all(b64(torch.ones(2000, 8)))
+    with pytest.raises(prompt_embeds.BadEmbeds, match="float16, bfloat16, float32 or float64"):
+        prompt_embeds.decode_all(b64(torch.ones(2, 8).to(torch.float8_e4m3fn)))
     with pytest.raises(prompt_embeds.BadEmbeds, match="dense"):
         prompt_embeds.decode_all(b64(torch.eye(4).to_sparse()))

@@ -53,8 +53,8 @@ def _decode(text: str, index: int | None) -> np.ndarray:
         raise BadEmbeds(f"{where}must be a single tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
         raise BadEmbeds(f"{where}must be a dense tensor, got {tensor.layout}")
-    if not tensor.is_floating_point():
-        raise BadEmbeds(f"{where}must be a float tensor, got {tensor.dtype}")
+    if tensor.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise BadEmbeds(f"{where}must be a float16, bfloat16, float32 or float64 tensor, got {tensor.dtype}")
     if tensor.dim() == 3 and tensor.shape[0] == 1:
         tensor = tensor[0]  # an embedding layer's output for one sequence, [1, P, hidden]
     if tensor.dim() != 2 or tensor.shape[0] < 1 or tensor.shape[1] < 1:
