@@ -4,15 +4,21 @@ shapes, errors, fan-out and cancellation, against a fake Triton."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
+import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from test_frontend_unit import ENDLESS, FakeTriton, _run_asgi, ensemble_inputs, events, response
 
 from frontend.app import create_app
 from frontend.engine_client.triton import ENSEMBLE, classify_error
 from frontend.errors import APIError
+from frontend.openai_api import prompt_embeds
 from tritonlm.serving import contract
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
@@ -422,3 +428,32 @@ def test_pipeline_wires_the_steps_like_the_ensemble():
     # Without a list, the engine is asked for every ensemble output.
     fake, _ = asyncio.run(scenario(None))
     assert set(fake.calls[1][2]) == {t.name for t in contract.ENSEMBLE_OUTPUTS}
+
+
+def test_prompt_embeds_decoding_is_bounded_and_safe(monkeypatch, tmp_path):
+    def b64(value: object) -> str:
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        return base64.b64encode(buffer.getvalue()).decode()
+
+    class Evil:  # unpickling it would create a file
+        def __reduce__(self):
+            return (Path.touch, (tmp_path / "pwned",))
+
+    with pytest.raises(prompt_embeds.BadEmbeds, match="torch.save"):
+        prompt_embeds.decode_all(base64.b64encode(pickle.dumps(Evil(), protocol=2)).decode())
+    with pytest.raises(prompt_embeds.BadEmbeds, match="torch.save"):
+        prompt_embeds.decode_all(b64({"x": Evil()}))
+    assert not (tmp_path / "pwned").exists()
+    (rows,) = prompt_embeds.decode_all(b64(torch.ones(1, 3, 8)))  # an embedding layer's output
+    assert rows.shape == (3, 8) and rows.dtype == np.float16
+    # An expanded tensor's payload is small, its values are not: bounded by the count of values.
+    monkeypatch.setattr(prompt_embeds, "MAX_EMBEDS_BYTES", 4096)
+    with pytest.raises(prompt_embeds.BadEmbeds, match="at most 2048 values"):
+        prompt_embeds.decode_all(b64(torch.ones(1, 8).expand(1000, 8)))
+    with pytest.raises(prompt_embeds.BadEmbeds, match="at most 4096 bytes"):
+        prompt_embeds.decode_all(b64(torch.ones(2000, 8)))
+    with pytest.raises(prompt_embeds.BadEmbeds, match="float16, bfloat16, float32 or float64"):
+        prompt_embeds.decode_all(b64(torch.ones(2, 8).to(torch.float8_e4m3fn)))
+    with pytest.raises(prompt_embeds.BadEmbeds, match="dense"):
+        prompt_embeds.decode_all(b64(torch.eye(4).to_sparse()))

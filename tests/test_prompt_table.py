@@ -4,6 +4,12 @@ the prefix cache never confusing two tables with the same ids, validation, and t
 
 from __future__ import annotations
 
+import base64
+import io
+import json
+from pathlib import Path
+
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -141,3 +147,81 @@ def test_prompt_table_through_tritonserver(servers, hf_model):
             list(client.generate("engine", {**values, "prompt_vocab_size": 2}))
     finally:
         client.close()
+
+
+# OpenAI /v1/completions `prompt_embeds` (vLLM's): the same rows, as a base64 torch.save'd tensor.
+
+
+def embeds_b64(value: object) -> str:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def complete(servers, **body) -> httpx.Response:
+    body = {"model": servers.model_name, "max_tokens": 6, "temperature": 0, **body}
+    return httpx.post(servers.frontend_url + "/v1/completions", json=body, timeout=60)
+
+
+def test_prompt_embeds_over_openai_completions(servers, hf_model):
+    table = make_table(5, 4)  # the rows of test_prompt_table_through_tritonserver
+    rows = torch.from_numpy(table[0]).float()  # sent as float32; the engine's FP16 keeps them exact
+    tokenizer = load_tokenizer(servers.model_dir)
+    virtual = [VOCAB + i for i in range(5)]
+    hello = encode_prompt(tokenizer, "Hello")
+
+    def text(ids: list[int]) -> str:
+        return tokenizer.decode(reference(hf_model, ids, table, 6), skip_special_tokens=True)
+
+    # Embeddings alone: generate(inputs_embeds=rows).
+    r = complete(servers, prompt_embeds=embeds_b64(rows))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == text(virtual)
+    assert r.json()["usage"]["prompt_tokens"] == 5
+    # With a prompt: the rows first, then the prompt's tokens (as the ensemble's virtual_tokens).
+    r = complete(servers, prompt="Hello", prompt_embeds=embeds_b64(rows))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == text(virtual + hello)
+    assert r.json()["usage"]["prompt_tokens"] == 5 + len(hello)
+    # A list: one prompt each, answered as choices in order; bfloat16 accepted too.
+    other = torch.from_numpy(make_table(3, 5)[0])
+    r = complete(servers, prompt_embeds=[embeds_b64(other.bfloat16()), embeds_b64(rows)])
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1]
+    assert choices[1]["text"] == text(virtual)
+    assert r.json()["usage"]["prompt_tokens"] == 3 + 5
+    # Streamed, and as an embedding layer's output [1, P, hidden].
+    body = {"model": servers.model_name, "max_tokens": 6, "temperature": 0, "stream": True}
+    body["prompt_embeds"] = embeds_b64(rows[None])
+    with httpx.stream("POST", servers.frontend_url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        lines = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(line) for line in lines[:-1]]
+    assert lines[-1] == "[DONE]"
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == text(virtual)
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"prompt_embeds": "not base64!"}, "valid base64"),
+        ({"prompt_embeds": base64.b64encode(b"not a tensor").decode()}, "torch.save"),
+        ({"prompt_embeds": embeds_b64(Path("/etc/passwd"))}, "torch.save"),  # no arbitrary objects
+        ({"prompt_embeds": embeds_b64({"rows": torch.zeros(2, HIDDEN)})}, "single tensor"),
+        ({"prompt_embeds": embeds_b64(torch.zeros(2, HIDDEN, dtype=torch.int32))}, "float"),
+        ({"prompt_embeds": embeds_b64(torch.zeros(2, 2, HIDDEN))}, "shape"),
+        ({"prompt_embeds": embeds_b64(torch.full((2, HIDDEN), float("nan")))}, "finite"),
+        ({"prompt_embeds": embeds_b64(torch.zeros(2, 12))}, "hidden size"),  # checked by the engine
+        ({"prompt_embeds": []}, "base64"),
+        ({"prompt_embeds": embeds_b64(torch.zeros(2, HIDDEN)), "echo": True}, "prompt_embeds"),
+        ({"prompt_embeds": None}, "prompt_embeds"),
+    ],
+)
+def test_bad_prompt_embeds_are_bad_requests(servers, body, message):
+    r = complete(servers, **body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert message in error["message"]
+    param = "echo" if "echo" in body else "prompt" if body["prompt_embeds"] is None else "prompt_embeds"
+    assert error["param"] == param

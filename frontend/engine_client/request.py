@@ -34,6 +34,8 @@ _PARAMS = {
     "num_top_log_probs": "logprobs",
     "guided_decoding_guide": "guide",
     "guided_decoding_guide_type": "guide",
+    "prompt_embedding_table": "prompt_embeds",
+    "virtual_tokens": "prompt_embeds",
 }
 _LEADING_NAME = re.compile(r"^(\w+)")
 
@@ -83,6 +85,9 @@ class Job:
     stream_usage: bool = True  # usage on the last chunk of a stream
     guide: Guide | None = None  # constrain the output (guided decoding)
     lora_name: str | None = None  # a LoRA adapter the engine loaded at start-up (lora_modules)
+    # Input embeddings [P, hidden] (FP16) fed before the prompt's tokens (OpenAI prompt_embeds):
+    # the engine's prompt_embedding_table, selected by P virtual tokens.
+    prompt_embeds: np.ndarray | None = None
     # The API's names of the prompt, the token limit and the guide, for errors the models report.
     prompt_param: str = "prompt"
     max_tokens_param: str = "max_tokens"
@@ -106,8 +111,10 @@ class Job:
                 values["chat_template_kwargs"] = json.dumps(self.chat_template_kwargs, ensure_ascii=False)
             if self.tools is not None:
                 values["chat_tools"] = json.dumps(self.tools.template_tools(), ensure_ascii=False)
-        else:
+        elif self.prompt is not None or self.prompt_embeds is None:
             values["text_input"] = self.prompt or ""
+        if self.prompt_embeds is not None:
+            values["virtual_tokens"] = len(self.prompt_embeds)
         if self.max_tokens is not None:
             values["max_tokens"] = self.max_tokens
         if self.truncate is not None:
@@ -151,6 +158,8 @@ class Job:
             values["guided_decoding_guide"] = self.guide.text
         if self.lora_name is not None:
             values["lora_name"] = self.lora_name
+        if self.prompt_embeds is not None:
+            values["prompt_embedding_table"] = self.prompt_embeds  # tensors() adds the batch axis
         if self.with_logprobs:
             values["return_log_probs"] = True
             if self.logprobs:

@@ -47,7 +47,9 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
 async def completions(req: CompletionRequest, request: Request) -> Response:
     model = resolve_model(request, req.model, "generate")
     meta = Meta("completion", model, full_text=request.app.state.stream_full_text)
-    return await serve(request, meta, [req.to_job()])
+    # Loading prompt_embeds tensors (up to 16 MiB) runs off the event loop, which serves everyone.
+    jobs = await asyncio.to_thread(req.to_jobs) if req.prompt_embeds else req.to_jobs()
+    return await serve(request, meta, jobs)
 
 
 async def serve(request: Request, meta: Meta, jobs: list[Job]) -> Response:

@@ -20,6 +20,7 @@ from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
 from frontend.engine_client import guides
 from frontend.engine_client.request import Guide, Job
 from frontend.errors import APIError
+from frontend.openai_api import prompt_embeds
 
 MAX_INT32 = 2**31 - 1
 MAX_UINT64 = 2**64 - 1
@@ -389,7 +390,9 @@ class CompletionRequest(BaseModel):
     model_config = _CONFIG
 
     model: str
-    prompt: Annotated[str, BeforeValidator(_prompt_text, json_schema_input_type=str)]
+    # Optional only with prompt_embeds (vLLM's), whose rows then come before the prompt's tokens.
+    prompt: Annotated[str | None, BeforeValidator(_prompt_text, json_schema_input_type=str)] = None
+    prompt_embeds: str | list[str] | None = None  # base64 torch.save'd [P, hidden], or one per prompt
     use_beam_search: Flag = None
     best_of: Count = None
     n: Count = None
@@ -414,18 +417,35 @@ class CompletionRequest(BaseModel):
     response_format: dict[str, Any] | None = None  # structured output (frontend.engine_client.guides)
     structured_outputs: dict[str, Any] | None = None  # vLLM's
 
-    def to_job(self) -> Job:
+    def to_jobs(self) -> list[Job]:
+        """One job, or one per prompt_embeds tensor (each with the prompt after it, if given)."""
+        if self.prompt is None and self.prompt_embeds is None:
+            raise bad_request("is required (or prompt_embeds)", "prompt")
+        tables: list[Any] = [None] if self.prompt_embeds is None else _prompt_embeds(self.prompt_embeds)
+        if tables[0] is not None and self.echo:
+            raise bad_request("not with prompt_embeds (embeddings have no text to echo)", "echo")
+        return [self._job(table) for table in tables]
+
+    def _job(self, table: Any) -> Job:
         job = Job(
             prompt=self.prompt,
             max_tokens=self.max_tokens,
             **_sampling(self),
             logprobs=self.logprobs,
             echo=bool(self.echo),
+            prompt_embeds=table,
         )
         _max_tokens(job, self.min_tokens, "max_tokens")
         _guide(job, self.response_format, self.structured_outputs)
         _sequences(job, self.n, self.best_of, bool(self.use_beam_search), job.stream)
         return job
+
+
+def _prompt_embeds(value: str | list[str]) -> list[Any]:
+    try:
+        return prompt_embeds.decode_all(value)
+    except prompt_embeds.BadEmbeds as error:
+        raise bad_request(str(error), prompt_embeds.PARAM) from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ class Preprocessor:
         """
         # P-tuning's virtual prompt: the first rows of the engine's prompt_embedding_table.
         virtual = self._int(inputs, "virtual_tokens", low=0) or 0
-        ids = [self.model_vocab_size + i for i in range(virtual)] + self._prompt_ids(inputs)
+        ids = [self.model_vocab_size + i for i in range(virtual)] + self._prompt_ids(inputs, virtual)
         max_tokens = self._int(inputs, "max_tokens", low=1)
         end_id = self._int(inputs, "end_id", low=-1, high=self.vocab_size - 1)
         pad_id = self._int(inputs, "pad_id", low=0, high=self.vocab_size - 1)
@@ -183,7 +183,8 @@ class Preprocessor:
         texts = token_texts(self.tokenizer, [i if i < self.vocab_size else 0 for i in ids])
         return [t if i < self.vocab_size else "" for i, t in zip(ids, texts, strict=True)]
 
-    def _prompt_ids(self, inputs: Mapping[str, np.ndarray | None]) -> list[int]:
+    def _prompt_ids(self, inputs: Mapping[str, np.ndarray | None], virtual: int = 0) -> list[int]:
+        """The prompt's token ids; none when only virtual tokens are given (embeddings alone)."""
         raw = scalar(inputs, "text_input")
         messages = _json(inputs, "chat_messages")
         truncate = self._int(inputs, "truncate", low=1)
@@ -195,8 +196,10 @@ class Preprocessor:
             )
             name = "chat_messages"
         else:
+            if raw is None and virtual:
+                return []
             if raw is None:
-                raise InvalidRequest("text_input is required (or chat_messages)")
+                raise InvalidRequest("text_input is required (or chat_messages, or virtual_tokens)")
             text = as_text(raw, "text_input")
             if not text:
                 raise InvalidRequest("text_input must not be empty")
