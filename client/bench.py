@@ -233,25 +233,9 @@ def run_peer(
     name = os.path.relpath(model_dir, ROOT)  # the server answers only to the name it was started with
     command = [str(exe), "serve", "--continuous-batching", "--device", "cpu", "--dtype", dtype]
     command += ["--host", "127.0.0.1", "--port", str(port), name]
-    with open(logs / "transformers-serve.log", "ab") as log:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        launcher.wait_ready(f"http://127.0.0.1:{port}/health", process, 300, "transformers serve")
-        return asyncio.run(
-            load.benchmark(
-                "openai",
-                f"http://127.0.0.1:{port}",
-                prompts,
-                args.concurrency,
-                model=name,
-                ignore_eos=False,  # rejected as an unknown field; the bench model never ends early
-                warmup=args.concurrency,
-                seed=args.seed,
-                desc=NAMES["3"],
-            )
-        )
-    finally:
-        launcher.stop(process)
+    # ignore_eos is rejected as an unknown field there; the bench model never ends early anyway.
+    return _run_openai_server(command, port, name, prompts, args, logs / "transformers-serve.log",
+                              NAMES["3"], ready_timeout=300, ignore_eos=False)  # fmt: skip
 
 
 def run_vllm(
@@ -266,12 +250,29 @@ def run_vllm(
     command = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", name]
     command += ["--dtype", dtype, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
-    with open(logs / f"vllm-{dtype}.log", "ab") as log:
+    return _run_openai_server(command, port, name, prompts, args, logs / f"vllm-{dtype}.log",
+                              f"{NAMES['5']} {dtype}", ready_timeout=600, env=env)  # fmt: skip
+
+
+def _run_openai_server(
+    command: list[str],
+    port: int,
+    name: str,
+    prompts: list[Prompt],
+    args: argparse.Namespace,
+    log_path: Path,
+    desc: str,
+    ready_timeout: float,
+    ignore_eos: bool = True,
+    env: dict[str, str] | None = None,
+) -> tuple[dict, list]:
+    """Starts a peer's OpenAI-compatible server, drives the prompts through it, and stops it."""
+    with open(log_path, "ab") as log:
         process = subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
     try:
-        launcher.wait_ready(f"http://127.0.0.1:{port}/health", process, 600, "vLLM")
+        launcher.wait_ready(f"http://127.0.0.1:{port}/health", process, ready_timeout, desc)
         return asyncio.run(
             load.benchmark(
                 "openai",
@@ -279,10 +280,10 @@ def run_vllm(
                 prompts,
                 args.concurrency,
                 model=name,
-                ignore_eos=True,
+                ignore_eos=ignore_eos,
                 warmup=args.concurrency,
                 seed=args.seed,
-                desc=f"{NAMES['5']} {dtype}",
+                desc=desc,
             )
         )
     finally:
