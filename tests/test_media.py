@@ -1,4 +1,4 @@
-"""frontend.media: sources (data/local/http with every refusal), limits and decoding."""
+"""Media sources (data/local/http with every refusal), limits and decoding."""
 
 from __future__ import annotations
 
@@ -15,15 +15,8 @@ import pytest
 import soundfile
 from PIL import Image
 
-from frontend.media import (
-    MediaError,
-    MediaLimits,
-    MediaSources,
-    decode_audio,
-    decode_image,
-    sample_video_frames,
-)
-from frontend.media.decode import frame_positions
+from frontend.media import MediaError, MediaLimits, MediaSources
+from tritonlm.multimodal.decode import decode_audio, decode_image, frame_positions, sample_video_frames
 
 PART = "messages[0].content[1]"
 

@@ -50,6 +50,16 @@ class Guide:
     text: str = ""
 
 
+@dataclass(frozen=True)
+class MediaItem:
+    """One image, video or audio of a request, as fetched (frontend/media): the encoder model decodes
+    `data` and names a failure `media[i]`, which `Job.named` turns back into `part`."""
+
+    kind: str  # "image", "video" or "audio"
+    data: bytes  # the file's bytes
+    part: str  # the request field it came from, e.g. "messages[0].content[1]" or "inputs[1]"
+
+
 @dataclass
 class Job:
     prompt: str | None = None  # the text prompt, or:
@@ -88,6 +98,11 @@ class Job:
     # Input embeddings [P, hidden] (FP16) fed before the prompt's tokens (OpenAI prompt_embeds):
     # the engine's prompt_embedding_table, selected by P virtual tokens.
     prompt_embeds: np.ndarray | None = None
+    # Media items in prompt order (multimodal models). Their placeholders are in `messages` (parts
+    # {"type": kind, kind: "<kind>"}) or in `prompt_parts` (TGI's list `inputs`: text and media parts,
+    # rendered by preprocessing without a chat template).
+    media: tuple[MediaItem, ...] = ()
+    prompt_parts: list[dict[str, Any]] | None = None
     # The API's names of the prompt, the token limit and the guide, for errors the models report.
     prompt_param: str = "prompt"
     max_tokens_param: str = "max_tokens"

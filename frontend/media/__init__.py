@@ -1,16 +1,8 @@
-"""Media input (images, video, audio) for the multimodal APIs: where bytes come from (`sources`),
-what they may weigh (`limits`) and how they are decoded (`decode`). Every failure is a `MediaError`
-naming the request's content part, never echoing the media's bytes."""
+"""Where media bytes come from for the multimodal APIs (`sources`: data URLs, allowed local paths,
+http(s) with byte caps). Decoding and the other limits live with the encoder (`tritonlm.multimodal`).
+Every failure is a `MediaError` naming the request's content part, never echoing the media's bytes."""
 
-from frontend.media.decode import decode_audio, decode_image, sample_video_frames
-from frontend.media.limits import MediaError, MediaLimits
 from frontend.media.sources import MediaSources
+from tritonlm.multimodal.limits import MediaError, MediaLimits
 
-__all__ = [
-    "MediaError",
-    "MediaLimits",
-    "MediaSources",
-    "decode_audio",
-    "decode_image",
-    "sample_video_frames",
-]
+__all__ = ["MediaError", "MediaLimits", "MediaSources"]

@@ -12,7 +12,7 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from frontend.media.limits import MediaError, MediaLimits
+from tritonlm.multimodal.limits import MediaError, MediaLimits
 
 _CHUNK = 64 * 1024
 

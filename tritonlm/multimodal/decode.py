@@ -9,7 +9,7 @@ import av
 import numpy as np
 from PIL import Image
 
-from frontend.media.limits import MediaError, MediaLimits
+from tritonlm.multimodal.limits import MediaError, MediaLimits
 
 
 def decode_image(data: bytes, limits: MediaLimits, part: str) -> Image.Image:
