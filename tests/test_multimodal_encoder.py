@@ -14,7 +14,8 @@ from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.sequence import Sequence
 from tritonlm.multimodal import checkpoints
-from tritonlm.multimodal.encoder import MediaEncoder, media_kinds
+from tritonlm.multimodal.architectures import media_kinds
+from tritonlm.multimodal.encoder import MediaEncoder
 from tritonlm.multimodal.placeholders import expand_placeholders, prompt_table
 from tritonlm.serving.engine_inputs import parse_request
 from tritonlm.worker.model_runner import ModelRunner

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from transformers import (
-    AutoConfig,
     AutoModelForCausalLM,
     AutoProcessor,
     LlavaForConditionalGeneration,
@@ -21,34 +20,30 @@ from transformers import (
 )
 from transformers.masking_utils import create_bidirectional_mask
 
-# Architecture -> media kinds it accepts, and the model class to load.
-ARCHITECTURES = {
-    "LlavaForConditionalGeneration": (LlavaForConditionalGeneration, ("image",)),
-    "Qwen2AudioForConditionalGeneration": (Qwen2AudioForConditionalGeneration, ("audio",)),
+from tritonlm.multimodal.architectures import MEDIA_KINDS, architecture
+
+# Architecture -> the model class to load (the media each takes: architectures.MEDIA_KINDS).
+MODEL_CLASSES = {
+    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+    "Qwen2AudioForConditionalGeneration": Qwen2AudioForConditionalGeneration,
 }
-
-
-def media_kinds(model_dir: str | Path) -> tuple[str, ...]:
-    """The media a checkpoint accepts; () for a text-only model."""
-    architectures = AutoConfig.from_pretrained(model_dir).architectures or []
-    return next((ARCHITECTURES[a][1] for a in architectures if a in ARCHITECTURES), ())
 
 
 def language_model_class(config) -> type:
     """The class the engine loads a checkpoint with: a multimodal one's own class (its language
     model serves; the towers stay idle there), else AutoModelForCausalLM."""
-    for architecture in config.architectures or []:
-        if architecture in ARCHITECTURES:
-            return ARCHITECTURES[architecture][0]
+    for name in config.architectures or []:
+        if name in MODEL_CLASSES:
+            return MODEL_CLASSES[name]
     return AutoModelForCausalLM
 
 
 class MediaEncoder:
     def __init__(self, model_dir: str | Path) -> None:
-        architecture = next(
-            a for a in AutoConfig.from_pretrained(model_dir).architectures if a in ARCHITECTURES
-        )
-        model_class, self.kinds = ARCHITECTURES[architecture]
+        name = architecture(model_dir)
+        if name not in MODEL_CLASSES:
+            raise ValueError(f"{model_dir} is not a multimodal checkpoint this server can encode")
+        model_class, self.kinds = MODEL_CLASSES[name], MEDIA_KINDS[name]
         self.model = model_class.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.processor = AutoProcessor.from_pretrained(model_dir)
         config = self.model.config
