@@ -36,7 +36,7 @@ from tritonlm.worker.model_runner import ModelRunner
 NEW_TOKENS = 8
 MAX_LEN = 640
 PART = "messages[0].content[0]"
-SIZES = [(40, 40), (50, 40), (200, 90), (30, 300), (400, 400)]  # (width, height)
+SIZES = [(40, 40), (50, 40), (40, 10), (1000, 20), (200, 90), (30, 300), (400, 400)]  # (width, height)
 
 
 @pytest.fixture(scope="module")
