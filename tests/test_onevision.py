@@ -91,12 +91,13 @@ def frame_index(frame: Image.Image) -> int:
     return round(float(np.asarray(frame.convert("L"), np.float32).mean()) / 12)
 
 
-def expand(text_ids: list[int], token_id: int, counts: list[int]) -> list[int]:
-    """The processor's prompt: each placeholder repeated as often as its rule says."""
+def expand(text_ids: list[int], token_id: int, counts: list[int], more: dict | None = None) -> list[int]:
+    """The processor's prompt: each placeholder repeated as often as its rule says (`more`: other
+    placeholder ids -> their counts)."""
+    queues = {token_id: iter(counts), **{k: iter(v) for k, v in (more or {}).items()}}
     out: list[int] = []
-    items = iter(counts)
     for t in text_ids:
-        out.extend([t] * next(items) if t == token_id else [t])
+        out.extend([t] * next(queues[t]) if t in queues else [t])
     return out
 
 
@@ -218,6 +219,42 @@ def test_engine_serves_video_like_transformers(encoder, runner):
         serve(runner, expand_placeholders(text_ids, video_id, [count], runner.vocab_size), features)
         == expected
     )
+
+
+def test_engine_serves_a_video_and_an_image_in_one_prompt(encoder, runner):
+    """Both kinds share one table, numbered in prompt order (video first here); the model's forward
+    scatters each kind at its own token."""
+    processor, model = encoder.processor, encoder.model
+    frames, item = [image((64, 48), seed=10 + i) for i in range(3)], image((90, 70), seed=3)
+    text = chat(encoder, [{"type": "video"}, {"type": "image"}])
+    inputs = processor.image_processor(images=[[item]], return_tensors="pt")
+    pixels = processor.video_inputs(frames)
+    image_count = rule(encoder).replace_image_token(inputs, 0).count("<image>")
+    video_count = rule(encoder).replace_video_token({"pixel_values_videos": pixels}, 0).count("<video>")
+    tokenizer = processor.tokenizer
+    image_id, video_id = (
+        tokenizer.convert_tokens_to_ids("<image>"),
+        tokenizer.convert_tokens_to_ids("<video>"),
+    )
+    text_ids = tokenizer(text).input_ids
+    ids = torch.tensor([expand(text_ids, image_id, [image_count], {video_id: [video_count]})])
+    expected = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        pixel_values=inputs.pixel_values,
+        image_sizes=inputs.image_sizes,
+        batch_num_images=inputs.batch_num_images,
+        pixel_values_videos=pixels,
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        eos_token_id=None,
+    )[0, -NEW_TOKENS:].tolist()
+
+    features = [encoder.encode("video", frames).numpy(), encoder.encode("image", item).numpy()]
+    counts = [len(f) for f in features]
+    assert counts == [video_count, image_count]
+    served_ids = expand_placeholders(text_ids, {video_id, image_id}, counts, runner.vocab_size)
+    assert serve(runner, served_ids, features) == expected
 
 
 def test_video_frames_count_and_positions(encoder):
