@@ -21,6 +21,9 @@ from transformers import (
     LlamaConfig,
     LlavaConfig,
     LlavaForConditionalGeneration,
+    LlavaOnevisionConfig,
+    LlavaOnevisionForConditionalGeneration,
+    LlavaOnevisionImageProcessorPil,
     LlavaProcessor,
     PreTrainedModel,
     PreTrainedTokenizerFast,
@@ -29,11 +32,13 @@ from transformers import (
     Qwen2AudioForConditionalGeneration,
     Qwen2AudioProcessor,
     Qwen2Config,
+    SiglipVisionConfig,
     WhisperFeatureExtractor,
 )
 from transformers.utils import logging as hf_logging
 
 from tritonlm.default_model import CHAT_TEMPLATE, IM_END, corpus_texts, train_tokenizer
+from tritonlm.multimodal.onevision import VIDEO_PROCESSOR_DEFAULTS, OnevisionProcessor
 
 # The default template keeps only text parts; media parts become their placeholder token here.
 MEDIA_PART = (
@@ -122,7 +127,51 @@ def qwen2_audio(tokenizer: PreTrainedTokenizerFast) -> tuple[PreTrainedModel, Qw
     return Qwen2AudioForConditionalGeneration(config), processor
 
 
-BUILDERS: dict[str, Callable] = {"llava": llava, "qwen2_audio": qwen2_audio}
+# LLaVA-OneVision's tile: the defaults (SigLIP at 384 px, patch 14: 729 rows a tile, up to 37 tiles)
+# scaled down to a 40 px tile of 5x5 patches, so an image is at most 25 + 15x15 + 15 = 265 rows and a
+# video frame 3x3 pooled rows. 5 is odd on purpose: pooling rounds up (ceil(5 / 2) = 3).
+OV_TILE, OV_PATCH = 40, 8
+
+
+def llava_onevision(tokenizer: PreTrainedTokenizerFast) -> tuple[PreTrainedModel, OnevisionProcessor]:
+    vision = SiglipVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=OV_TILE,
+        patch_size=OV_PATCH,
+        vision_use_head=False,
+    )
+    # The default grid (1..6 x 1..6 tiles of 384 px) on the small tile.
+    pinpoints = [[OV_TILE * i, OV_TILE * j] for i in range(1, 7) for j in range(1, 7)]
+    config = LlavaOnevisionConfig(
+        vision_config=vision,
+        text_config=Qwen2Config(vocab_size=len(tokenizer), **TEXT, **_ids(tokenizer)),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        video_token_index=tokenizer.convert_tokens_to_ids("<video>"),
+        image_grid_pinpoints=pinpoints,
+    )
+    size = {"height": OV_TILE, "width": OV_TILE}
+    image = LlavaOnevisionImageProcessorPil(size=size, image_grid_pinpoints=pinpoints)
+    video = {**VIDEO_PROCESSOR_DEFAULTS, "size": size}
+    settings = {
+        "image_token": "<image>",
+        "video_token": "<video>",
+        "num_image_tokens": (OV_TILE // OV_PATCH) ** 2,
+        "vision_feature_select_strategy": "full",
+        "vision_aspect_ratio": "anyres_max_9",
+    }
+    # Saved as LlavaOnevisionProcessor.save_pretrained would (that class needs torchvision).
+    processor = OnevisionProcessor(image, video, tokenizer, settings)
+    return LlavaOnevisionForConditionalGeneration(config), processor
+
+
+BUILDERS: dict[str, Callable] = {
+    "llava": llava,
+    "llava_onevision": llava_onevision,
+    "qwen2_audio": qwen2_audio,
+}
 
 
 def generate(out_dir: str | Path, kind: str, seed: int = 0) -> Path:

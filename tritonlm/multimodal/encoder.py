@@ -16,15 +16,19 @@ from transformers import (
     AutoModelForCausalLM,
     AutoProcessor,
     LlavaForConditionalGeneration,
+    LlavaOnevisionForConditionalGeneration,
     Qwen2AudioForConditionalGeneration,
 )
 from transformers.masking_utils import create_bidirectional_mask
 
+from tritonlm.multimodal import onevision
 from tritonlm.multimodal.architectures import MEDIA_KINDS, architecture
+from tritonlm.multimodal.limits import MediaLimits
 
 # Architecture -> the model class to load (the media each takes: architectures.MEDIA_KINDS).
 MODEL_CLASSES = {
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+    onevision.ARCHITECTURE: LlavaOnevisionForConditionalGeneration,
     "Qwen2AudioForConditionalGeneration": Qwen2AudioForConditionalGeneration,
 }
 
@@ -45,23 +49,38 @@ class MediaEncoder:
             raise ValueError(f"{model_dir} is not a multimodal checkpoint this server can encode")
         model_class, self.kinds = MODEL_CLASSES[name], MEDIA_KINDS[name]
         self.model = model_class.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.processor = AutoProcessor.from_pretrained(model_dir)
+        self.onevision = name == onevision.ARCHITECTURE
+        # OneVision's AutoProcessor needs torchvision (see onevision.py).
+        loader = onevision.OnevisionProcessor if self.onevision else AutoProcessor
+        self.processor = loader.from_pretrained(model_dir)
         config = self.model.config
         self.hidden_size = config.get_text_config().hidden_size
         self.placeholder_token = {
             "image": getattr(self.processor, "image_token", None),
             "audio": getattr(self.processor, "audio_token", None),
+            "video": getattr(self.processor, "video_token", None),
         }
+
+    def video_frames(self, limits: MediaLimits) -> int:
+        """How many frames to sample from a video (`sample_video_frames`): MediaLimits.frames_per_video
+        with the checkpoint's own count, if its video processor samples frames itself."""
+        return limits.frames_per_video(getattr(self.processor, "video_num_frames", None))
 
     @property
     def sampling_rate(self) -> int:
         return self.processor.feature_extractor.sampling_rate
 
     @torch.no_grad()
-    def encode(self, kind: str, item: object) -> torch.Tensor:
-        """[rows, hidden] features of one item: a PIL image, or mono float32 samples at `sampling_rate`."""
+    def encode(self, kind: str, item: object, images_in_prompt: int = 1) -> torch.Tensor:
+        """[rows, hidden] features of one item: a PIL image, a video's sampled frames (list of PIL
+        images), or mono float32 samples at `sampling_rate`. `images_in_prompt`: the images of the
+        item's prompt (LLaVA-OneVision tiles an image only when it is the prompt's only one)."""
         if kind not in self.kinds:
             raise ValueError(f"this model accepts {', '.join(self.kinds)}, not {kind}")
+        if self.onevision and kind == "video":
+            return onevision.video_rows(self.model, self.processor, item)
+        if self.onevision:
+            return onevision.image_rows(self.model, self.processor, item, images_in_prompt)
         if kind == "image":
             return self._image(item)
         return self._audio(item)

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, fields
 
 MB = 1024 * 1024
+# Frames sampled per video when neither MEDIA_VIDEO_FRAMES nor the checkpoint says (vLLM's default).
+DEFAULT_VIDEO_FRAMES = 32
 KINDS = ("image", "video", "audio")
 
 
@@ -30,6 +32,7 @@ class MediaLimits:
     max_audio_bytes: int = 20 * MB
     max_image_pixels: int = 4096 * 4096
     max_video_frames: int = 32
+    video_frames: int = 0  # frames sampled per video; 0: the checkpoint's default (frames_per_video)
     max_audio_seconds: float = 30.0  # Whisper-style extractors see 30 s windows
     fetch_timeout_s: float = 10.0
     max_redirects: int = 3
@@ -43,6 +46,13 @@ class MediaLimits:
             if raw is not None:
                 values[f.name] = type(getattr(cls, f.name))(raw)
         return cls(**values)
+
+    def frames_per_video(self, checkpoint_frames: int | None = None) -> int:
+        """Frames to sample from each video: MEDIA_VIDEO_FRAMES if set, else the checkpoint's video
+        processor's own count (`checkpoint_frames`, when it samples), else DEFAULT_VIDEO_FRAMES;
+        never more than max_video_frames. `decode.frame_positions` says which."""
+        frames = self.video_frames or checkpoint_frames or DEFAULT_VIDEO_FRAMES
+        return max(1, min(frames, self.max_video_frames))
 
     def max_bytes(self, kind: str) -> int:
         return getattr(self, f"max_{kind}_bytes")
