@@ -1,7 +1,7 @@
 """python -m frontend --host 0.0.0.0 --port 9000 --triton-url localhost:8001 --model-name NAME
 [--embed-model-name NAME] [--stream-full-text] [--api-key K1,K2] [--ssl-certfile F --ssl-keyfile F
 [--ssl-ca-certs F]] [--max-request-body-bytes N] [--log-format text|json] [--triton-server-id ID]
-[--drain-seconds S]"""
+[--drain-seconds S] [--model-dir DIR]"""
 
 from __future__ import annotations
 
@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> None:
         "--reasoning-parser", help="think (default: <think> blocks become reasoning_content) or none "
         "(the launcher picks it from the chat template; TRITONLM_REASONING_PARSER wins)"
     )  # fmt: skip
+    parser.add_argument(
+        "--model-dir", default=os.environ.get("MODEL_DIR"),
+        help="the served checkpoint: its config.json says which media (image, video, audio) the chat "
+        "and TGI routes accept (default: MODEL_DIR; neither: text-only)",
+    )  # fmt: skip
     parser.add_argument("--log-level", default="info")
     ops_settings.add_arguments(parser)
     parser.add_argument(
@@ -77,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         tool_parser=args.tool_parser,
         tools_in_prompt=args.tools_in_prompt,
         reasoning_parser=args.reasoning_parser,
+        model_dir=args.model_dir,
     )
     uvicorn.run(
         app,

@@ -25,9 +25,13 @@ class MediaLimits:
     (e.g. MEDIA_MAX_ITEMS)."""
 
     max_items: int = 20  # image_url + video_url + audio_url per request (seed 000)
-    max_image_bytes: int = 20 * MB  # seed 000 (seed 001 allows 40 MB: raise it there)
+    max_image_bytes: int = 20 * MB  # seed 000 (TGI's POST /)
     max_video_bytes: int = 512 * MB
     max_audio_bytes: int = 20 * MB
+    # The chat APIs (seed 001: OpenAI, and Databricks' chat) allow 40 MB. Unset, they follow
+    # MEDIA_MAX_IMAGE_BYTES / MEDIA_MAX_AUDIO_BYTES when those are set, so one setting lowers both.
+    max_chat_image_bytes: int = 40 * MB
+    max_chat_audio_bytes: int = 40 * MB
     max_image_pixels: int = 4096 * 4096
     max_video_frames: int = 32
     max_audio_seconds: float = 30.0  # Whisper-style extractors see 30 s windows
@@ -42,7 +46,13 @@ class MediaLimits:
             raw = env.get(f"MEDIA_{f.name.upper()}")
             if raw is not None:
                 values[f.name] = type(getattr(cls, f.name))(raw)
+        for kind in ("image", "audio"):
+            if f"max_{kind}_bytes" in values:
+                values.setdefault(f"max_chat_{kind}_bytes", values[f"max_{kind}_bytes"])
         return cls(**values)
 
-    def max_bytes(self, kind: str) -> int:
+    def max_bytes(self, kind: str, chat: bool = False) -> int:
+        """Bytes allowed per item of `kind`; `chat`: on the chat APIs (seed 001's larger limits)."""
+        if chat and hasattr(self, f"max_chat_{kind}_bytes"):
+            return getattr(self, f"max_chat_{kind}_bytes")
         return getattr(self, f"max_{kind}_bytes")
