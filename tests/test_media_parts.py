@@ -337,6 +337,10 @@ def test_refusals_name_the_part_and_reach_no_model():
     assert error["param"] == "messages[0].content[0].image_url.url"
     error = openai_error(chat({"type": "image_url", "image_url": {"url": "x", "detail": "low"}}))
     assert error["param"] == "messages[0].content[0].image_url.detail"
+    error = openai_error(
+        chat({"type": {}, "input_audio": {"data": "", "format": "mp3"}})
+    )  # schemathesis' find
+    assert error["param"] == "messages[0].content[0].type"
     error = openai_error(chat({"type": "input_audio", "input_audio": {"data": "AA==", "format": "ogg"}}))
     assert error["param"] == "messages[0].content[0].input_audio.format"
     r = c.post("/", json={"inputs": [{"type": "text", "text": "a"}] + [CHAT_PARTS[1]] * 21})

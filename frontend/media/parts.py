@@ -109,7 +109,8 @@ def parts_validator(models: dict[str, type[BaseModel]], text: str, nullable: boo
             raise ValueError(f"must be {text} or a list of content parts")
         parsed, errors = [], []
         for j, part in enumerate(value):
-            model = models.get(part.get("type")) if isinstance(part, dict) else None
+            kind = part.get("type") if isinstance(part, dict) else None
+            model = models.get(kind) if isinstance(kind, str) else None
             if model is None:
                 message = f"must be a content part: an object whose type is one of {allowed}"
                 errors.append(_error((j, "type") if isinstance(part, dict) else (j,), message, part))
