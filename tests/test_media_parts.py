@@ -348,3 +348,21 @@ def test_refusals_name_the_part_and_reach_no_model():
     r = c.post("/", json={"inputs": [{"type": "audio_url", "audio_url": "a.wav"}]})
     assert r.status_code == 400 and r.json()["error"].startswith("inputs[0]: type 'audio_url'"), r.text
     assert not fake.calls
+
+
+@pytest.mark.parametrize(
+    ("source", "words"),
+    [
+        ("http://[::1/a.png", "not a valid URL"),
+        ("http://example.com:99999/a.png", "failed"),
+        ("/allowed/\x00.png", "not a readable file"),
+        ("file:///allowed/%00.png", "not a readable file"),
+    ],
+)
+def test_malformed_sources_are_refusals_not_server_errors(tmp_path, source, words):
+    (tmp_path / "allowed").mkdir()
+    sources = MediaSources(allowed_local_paths=[tmp_path / "allowed"])
+    source = source.replace("/allowed/", f"{tmp_path}/allowed/")
+    with pytest.raises(MediaError, match=words) as info:
+        asyncio.run(sources.load(source, "image", "inputs[0]"))
+    assert info.value.status == 400
