@@ -8,6 +8,7 @@ import asyncio
 import base64
 import http.server
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -366,3 +367,37 @@ def test_malformed_sources_are_refusals_not_server_errors(tmp_path, source, word
     with pytest.raises(MediaError, match=words) as info:
         asyncio.run(sources.load(source, "image", "inputs[0]"))
     assert info.value.status == 400
+
+
+class _Drip(http.server.BaseHTTPRequestHandler):
+    """Sends a byte every 0.2 s: each read is quick, the whole body is not."""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        try:
+            for _ in range(30):
+                self.wfile.write(b"x")
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass  # the client gave up, as it should
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_dripping_server_hits_the_fetch_deadline():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        sources = MediaSources(MediaLimits(fetch_timeout_s=0.8))
+        started = time.monotonic()
+        with pytest.raises(MediaError, match="timed out after 0.8 s"):
+            asyncio.run(
+                sources.load(f"http://127.0.0.1:{server.server_address[1]}/a.png", "image", "inputs[0]")
+            )
+        assert time.monotonic() - started < 4  # not the 6 s the body takes
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -3,6 +3,7 @@ directories, and http(s) URLs. Byte limits are checked while reading, not truste
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import os
@@ -79,7 +80,12 @@ class MediaSources:
         self._check_domain(url, part)
         timeout = self.limits.fetch_timeout_s
         try:
-            async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+            # One deadline for the whole fetch, redirects included: httpx's own timeout bounds each
+            # read, which a server dripping bytes would never trip.
+            async with (
+                asyncio.timeout(timeout),
+                httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client,
+            ):
                 for _ in range(self.limits.max_redirects + 1):
                     async with client.stream("GET", url) as response:
                         if response.is_redirect:
@@ -90,7 +96,7 @@ class MediaSources:
                             raise MediaError(part, f"the {kind} URL answered HTTP {response.status_code}")
                         return await _read_capped(response, limit, kind, part)
                 raise MediaError(part, f"more than {self.limits.max_redirects} redirects for the {kind} URL")
-        except httpx.TimeoutException as e:
+        except (httpx.TimeoutException, TimeoutError) as e:
             raise MediaError(part, f"fetching the {kind} URL timed out after {timeout} s") from e
         except (httpx.HTTPError, httpx.InvalidURL) as e:
             raise MediaError(part, f"fetching the {kind} URL failed ({type(e).__name__})") from e
