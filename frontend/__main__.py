@@ -12,6 +12,7 @@ import ssl
 import uvicorn
 
 from frontend.app import create_app
+from frontend.media import MediaSources
 from frontend.ops import settings as ops_settings
 from frontend.ops.access_log import log_config
 
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         ops = ops_settings.from_args(args)
-    except ops_settings.SettingsError as error:
+        media = MediaSources.from_env()  # ALLOWED_LOCAL_MEDIA_PATH, ALLOWED_MEDIA_DOMAINS, MEDIA_*
+    except (ops_settings.SettingsError, ValueError) as error:
         parser.error(str(error))
     app = create_app(
         args.triton_url,
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         tools_in_prompt=args.tools_in_prompt,
         reasoning_parser=args.reasoning_parser,
         model_dir=args.model_dir,
+        media=media,
     )
     uvicorn.run(
         app,

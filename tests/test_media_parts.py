@@ -118,6 +118,8 @@ def test_chat_byte_limits_follow_seed_001_and_the_settings():
     assert lowered.max_bytes("image") == lowered.max_bytes("image", chat=True) == 1000
     apart = MediaLimits.from_env({"MEDIA_MAX_IMAGE_BYTES": "1000", "MEDIA_MAX_CHAT_IMAGE_BYTES": "3000"})
     assert (apart.max_bytes("image"), apart.max_bytes("image", chat=True)) == (1000, 3000)
+    with pytest.raises(ValueError, match="MEDIA_MAX_ITEMS must be an integer, got 'lots'"):
+        MediaLimits.from_env({"MEDIA_MAX_ITEMS": "lots"})  # python -m frontend reports it and exits
 
 
 def test_data_url_limit_is_per_api():

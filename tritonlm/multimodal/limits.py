@@ -45,7 +45,12 @@ class MediaLimits:
         for f in fields(cls):
             raw = env.get(f"MEDIA_{f.name.upper()}")
             if raw is not None:
-                values[f.name] = type(getattr(cls, f.name))(raw)
+                cast = type(getattr(cls, f.name))
+                try:
+                    values[f.name] = cast(raw)
+                except ValueError:
+                    number = "an integer" if cast is int else "a number"
+                    raise ValueError(f"MEDIA_{f.name.upper()} must be {number}, got {raw!r}") from None
         for kind in ("image", "audio"):
             if f"max_{kind}_bytes" in values:
                 values.setdefault(f"max_chat_{kind}_bytes", values[f"max_{kind}_bytes"])
