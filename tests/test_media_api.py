@@ -1,8 +1,8 @@
 """Media content parts against real frontends (`python -m frontend`, started by the launcher's own
 `start_frontend`): one serving a tiny Llava checkpoint (images only), one the text-only default
 model. Every refusal happens before Triton is asked anything, so these frontends point at a port
-where no Triton listens. The requests that pass validation need the `multimodal_encoder` model: those
-tests run on a real tritonserver and are skipped until it exists (see SKIP_NEEDS_ENCODER)."""
+where no Triton listens. Requests that pass validation need the `multimodal_encoder` model: the last
+test runs on a real tritonserver and is skipped until it exists (see SKIP_NEEDS_ENCODER)."""
 
 from __future__ import annotations
 
@@ -262,45 +262,14 @@ def test_malformed_parts_name_the_field(frontends, api):
 
 
 # ---------------------------------------------------------------------------------------------
-# Requests that pass: a real tritonserver serving the Llava checkpoint.
+# Requests that pass: a real tritonserver serving the Llava checkpoint. Fidelity per source, audio,
+# video, batching and usage: tests/test_multimodal_serving.py; here, every API's route and shape.
 
 
 @pytest.fixture(scope="module")
 def llava_servers(llava_dir: Path, media: Media):
     with running_servers(llava_dir, media_env(media) | {"MEDIA_MAX_IMAGE_BYTES": str(20 * 1024 * 1024)}) as s:
         yield s
-
-
-@pytest.mark.skip(reason=SKIP_NEEDS_ENCODER)
-def test_the_same_image_from_each_source_gives_the_same_greedy_reply(llava_servers, media):
-    """data: URL, local path, file:// URL and http URL: the same bytes, so the same tokens."""
-    sources = [
-        data_url(media.image.read_bytes()),
-        str(media.image),
-        f"file://{media.image}",
-        f"{media.web}/image.png",
-    ]
-    replies = []
-    for source in sources:
-        body = chat_body({"type": "image_url", "image_url": {"url": source}})
-        r = httpx.post(
-            llava_servers.frontend_url + "/v1/chat/completions",
-            json={**body, "max_tokens": 8, "temperature": 0},
-            timeout=120,
-        )
-        assert r.status_code == 200, r.text
-        replies.append((r.json()["choices"][0]["message"]["content"], r.json()["usage"]["prompt_tokens"]))
-    assert len(set(replies)) == 1
-    text_only = httpx.post(
-        llava_servers.frontend_url + "/v1/chat/completions",
-        json={
-            "model": "default",
-            "messages": [{"role": "user", "content": "What is this?"}],
-            "max_tokens": 1,
-        },
-        timeout=120,
-    ).json()["usage"]["prompt_tokens"]
-    assert replies[0][1] >= text_only + 49  # the image's 49 positions count as prompt tokens
 
 
 @pytest.mark.skip(reason=SKIP_NEEDS_ENCODER)
@@ -314,3 +283,9 @@ def test_every_api_generates_with_an_image(llava_servers, media, api):
         request["max_tokens"] = 4
     r = httpx.post(llava_servers.frontend_url + path, json=request, timeout=120)
     assert r.status_code == 200, r.text
+    if api == "tgi":
+        details = r.json()[0]["details"]
+        assert details["prompt_tokens"] >= 49  # the image's positions
+        assert details["prefill"], "decoder_input_details lists the prompt's tokens"
+    else:
+        assert r.json()["usage"]["prompt_tokens"] >= 49
