@@ -1,7 +1,7 @@
 """python -m frontend --host 0.0.0.0 --port 9000 --triton-url localhost:8001 --model-name NAME
 [--embed-model-name NAME] [--stream-full-text] [--api-key K1,K2] [--ssl-certfile F --ssl-keyfile F
 [--ssl-ca-certs F]] [--max-request-body-bytes N] [--log-format text|json] [--triton-server-id ID]
-[--drain-seconds S]"""
+[--drain-seconds S] [--model-dir DIR]"""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import ssl
 import uvicorn
 
 from frontend.app import create_app
+from frontend.media import MediaSources
 from frontend.ops import settings as ops_settings
 from frontend.ops.access_log import log_config
 
@@ -52,6 +53,11 @@ def main(argv: list[str] | None = None) -> None:
         "--reasoning-parser", help="think (default: <think> blocks become reasoning_content) or none "
         "(the launcher picks it from the chat template; TRITONLM_REASONING_PARSER wins)"
     )  # fmt: skip
+    parser.add_argument(
+        "--model-dir", default=os.environ.get("MODEL_DIR"),
+        help="the served checkpoint: its config.json says which media (image, video, audio) the chat "
+        "and TGI routes accept (default: MODEL_DIR; neither: text-only)",
+    )  # fmt: skip
     parser.add_argument("--log-level", default="info")
     ops_settings.add_arguments(parser)
     parser.add_argument(
@@ -65,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         ops = ops_settings.from_args(args)
-    except ops_settings.SettingsError as error:
+        media = MediaSources.from_env()  # ALLOWED_LOCAL_MEDIA_PATH, ALLOWED_MEDIA_DOMAINS, MEDIA_*
+    except (ops_settings.SettingsError, ValueError) as error:
         parser.error(str(error))
     app = create_app(
         args.triton_url,
@@ -77,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
         tool_parser=args.tool_parser,
         tools_in_prompt=args.tools_in_prompt,
         reasoning_parser=args.reasoning_parser,
+        model_dir=args.model_dir,
+        media=media,
     )
     uvicorn.run(
         app,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 
@@ -17,6 +18,7 @@ from frontend.engine_client.pipeline import Pipeline
 from frontend.engine_client.steps import Triton
 from frontend.engine_client.triton import MODELS
 from frontend.errors import APIError
+from frontend.media import MediaSources
 from frontend.models import served
 from frontend.openai_api import routes as openai_api
 from frontend.ops import install as install_ops
@@ -26,6 +28,7 @@ from frontend.tgi import routes as tgi
 from tritonlm.config import EngineConfig
 from tritonlm.embedding import config as embedding_config
 from tritonlm.lora.format import parse_lora_modules
+from tritonlm.multimodal.architectures import media_kinds as checkpoint_media_kinds
 
 # Server setting: stream chunks carry the text so far instead of the new text (seed 001's second
 # streaming example, MindIE's fullTextEnabled), and the last chunk a `full_text` field.
@@ -47,6 +50,9 @@ def create_app(
     tool_parser: str | None = None,
     reasoning_parser: str | None = None,
     tools_in_prompt: bool = False,
+    model_dir: str | Path | None = None,
+    media_kinds: Sequence[str] | None = None,
+    media: MediaSources | None = None,
 ) -> FastAPI:
     """`triton`: an object with TritonClient's `stream`/`infer`/`ready` (tests pass a fake);
     by default a gRPC client for `triton_url`, opened on start-up inside the server's event loop.
@@ -57,7 +63,11 @@ def create_app(
     `lora_adapters`: the LoRA adapters' names; None: the engine's `lora_modules` setting, read on
     start-up (`engine_lora_adapters`).
     `triton_server_id`: the `--id` of the tritonserver this frontend belongs to; `/health` fails
-    while another server answers at `triton_url`."""
+    while another server answers at `triton_url`.
+    `model_dir`: the served checkpoint, whose config.json says which media it takes (image, video,
+    audio); `media_kinds` overrides it; neither: a text-only model.
+    `media`: where media bytes may come from and the limits; None: from the environment
+    (ALLOWED_LOCAL_MEDIA_PATH, ALLOWED_MEDIA_DOMAINS, MEDIA_*)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -87,6 +97,10 @@ def create_app(
     app.state.reasoning_parser = os.environ.get(REASONING_PARSER_ENV) or reasoning_parser or "think"
     check_parsers(app.state.tool_parser, app.state.reasoning_parser)
     app.state.tools_in_prompt = tools_in_prompt  # the chat template knows no tools
+    if media_kinds is None:
+        media_kinds = checkpoint_media_kinds(model_dir) if model_dir is not None else ()
+    app.state.media_kinds = tuple(media_kinds)
+    app.state.media = media if media is not None else MediaSources.from_env()
     if triton is not None:
         app.state.triton = triton
     errors.install(app)

@@ -107,7 +107,11 @@ INVALID = [
     ({}, "inputs"),
     ({"inputs": ""}, "inputs"),
     ({"inputs": 5}, "inputs"),
-    ({"inputs": [{"type": "text", "text": "hi"}]}, "text-only"),
+    ({"inputs": []}, "inputs"),
+    ({"inputs": [{"type": "text", "text": ""}]}, "inputs[0].text"),
+    ({"inputs": [{"type": "image_url", "image_url": 5}]}, "inputs[0].image_url"),
+    ({"inputs": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}, "inputs[0].type"),
+    ({"inputs": [{"type": {}, "audio_url": ""}]}, "inputs[0].type"),  # found by schemathesis: was a 500
     ({"inputs": "x" * (4 * 1024 * 1024 + 1)}, "inputs"),
     ({"parameters": {"decoder_input_details": "true"}}, "parameters.decoder_input_details"),
     ({"parameters": {"decoder_input_details": True}, "stream": True}, "parameters.decoder_input_details"),

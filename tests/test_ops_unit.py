@@ -270,7 +270,7 @@ def test_openapi_documents_each_routes_error_statuses_and_bodies():
     def codes(path, method="post"):
         return sorted(int(c) for c in paths[path][method]["responses"] if c != "200")
 
-    assert codes("/") == [401, 413, 422, 429, 503]
+    assert codes("/") == [400, 401, 413, 422, 429, 503]  # 400: media content parts
     for path in ("/v1/chat/completions", "/v1/completions", "/serving-endpoints/{name}/invocations"):
         assert codes(path) == [400, 401, 404, 413, 429, 503]
     assert codes("/v1/embeddings") == [400, 401, 404, 413, 503]

@@ -169,8 +169,10 @@ def start_frontend(
     ]  # fmt: skip
     if server_id:
         command += ["--triton-server-id", server_id]
+    model_dir = model_dir or model_dir_from_env()
+    command += ["--model-dir", str(model_dir)]  # which media the model takes (its config.json)
     # The chat template says how the model writes tool calls and thoughts (TRITONLM_* variables win).
-    template = chat_format.read_template(model_dir or model_dir_from_env())
+    template = chat_format.read_template(model_dir)
     command += ["--tool-parser", chat_format.tool_parser(template)]
     command += ["--reasoning-parser", chat_format.reasoning_parser(template)]
     if not chat_format.supports_tools(template):

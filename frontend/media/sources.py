@@ -3,6 +3,7 @@ directories, and http(s) URLs. Byte limits are checked while reading, not truste
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import os
@@ -36,18 +37,23 @@ class MediaSources:
             allowed_domains={d.strip().lower() for d in domains.split(",") if d.strip()} or None,
         )
 
-    async def load(self, url: str, kind: str, part: str) -> bytes:
-        """The bytes of one media item of `kind` ("image", "video", "audio")."""
+    async def load(self, url: str, kind: str, part: str, *, chat: bool = False) -> bytes:
+        """The bytes of one media item of `kind` ("image", "video", "audio"); `chat`: the chat APIs'
+        byte limits (MediaLimits.max_bytes)."""
         if not isinstance(url, str) or not url:
             raise MediaError(part, f"the {kind} source must be a non-empty string")
-        limit = self.limits.max_bytes(kind)
-        scheme = urlsplit(url).scheme.lower()
+        limit = self.limits.max_bytes(kind, chat)
+        try:
+            parts = urlsplit(url)
+        except ValueError as e:
+            raise MediaError(part, f"the {kind} source is not a valid URL or path") from e
+        scheme = parts.scheme.lower()
         if scheme == "data":
             return _data_url(url, limit, kind, part)
         if scheme in ("http", "https"):
             return await self._fetch(url, limit, kind, part)
         if scheme == "file":
-            return self._local(unquote(urlsplit(url).path), limit, kind, part)
+            return self._local(unquote(parts.path), limit, kind, part)
         if scheme == "":
             return self._local(url, limit, kind, part)
         raise MediaError(part, f"unsupported URL scheme {scheme!r}: use data:, http(s):, file: or a path")
@@ -55,21 +61,31 @@ class MediaSources:
     def _local(self, path: str, limit: int, kind: str, part: str) -> bytes:
         if not self.allowed_local_paths:
             raise MediaError(part, "local paths are refused: the server sets no ALLOWED_LOCAL_MEDIA_PATH")
-        # resolve() follows symlinks and `..`, so the check sees where the file really is.
-        resolved = Path(path).resolve()
-        if not any(resolved.is_relative_to(root) for root in self.allowed_local_paths):
-            raise MediaError(part, "the local path is outside ALLOWED_LOCAL_MEDIA_PATH")
-        if not resolved.is_file():
-            raise MediaError(part, "the local path is not a readable file")
-        if resolved.stat().st_size > limit:
-            raise MediaError(part, f"the {kind} is larger than {limit} bytes", status=413)
-        return resolved.read_bytes()
+        try:
+            # resolve() follows symlinks and `..`, so the check sees where the file really is.
+            resolved = Path(path).resolve()
+            if not any(resolved.is_relative_to(root) for root in self.allowed_local_paths):
+                raise MediaError(part, "the local path is outside ALLOWED_LOCAL_MEDIA_PATH")
+            if not resolved.is_file():
+                raise MediaError(part, "the local path is not a readable file")
+            if resolved.stat().st_size > limit:
+                raise MediaError(part, f"the {kind} is larger than {limit} bytes", status=413)
+            return resolved.read_bytes()
+        except (OSError, ValueError, RuntimeError) as e:  # NUL bytes, symlink loops, permissions
+            if isinstance(e, MediaError):
+                raise
+            raise MediaError(part, "the local path is not a readable file") from e
 
     async def _fetch(self, url: str, limit: int, kind: str, part: str) -> bytes:
         self._check_domain(url, part)
         timeout = self.limits.fetch_timeout_s
         try:
-            async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+            # One deadline for the whole fetch, redirects included: httpx's own timeout bounds each
+            # read, which a server dripping bytes would never trip.
+            async with (
+                asyncio.timeout(timeout),
+                httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client,
+            ):
                 for _ in range(self.limits.max_redirects + 1):
                     async with client.stream("GET", url) as response:
                         if response.is_redirect:
@@ -80,9 +96,9 @@ class MediaSources:
                             raise MediaError(part, f"the {kind} URL answered HTTP {response.status_code}")
                         return await _read_capped(response, limit, kind, part)
                 raise MediaError(part, f"more than {self.limits.max_redirects} redirects for the {kind} URL")
-        except httpx.TimeoutException as e:
+        except (httpx.TimeoutException, TimeoutError) as e:
             raise MediaError(part, f"fetching the {kind} URL timed out after {timeout} s") from e
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, httpx.InvalidURL) as e:
             raise MediaError(part, f"fetching the {kind} URL failed ({type(e).__name__})") from e
 
     def _check_domain(self, url: str, part: str) -> None:

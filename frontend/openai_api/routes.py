@@ -18,6 +18,8 @@ from starlette.responses import JSONResponse, Response
 from frontend.engine_client.request import Job
 from frontend.engine_client.steps import Prompt, Step, first, prompt_tokens
 from frontend.errors import APIError, openai_body
+from frontend.media.attach import attach
+from frontend.media.parts import chat_media
 from frontend.models import adapter_of, resolve_model
 from frontend.openai_api.format import Meta, Stream, response
 from frontend.openai_api.jobs import complete_all, stream_all
@@ -60,6 +62,9 @@ async def serve(request: Request, meta: Meta, jobs: list[Job]) -> Response:
         job.lora_name = adapter_of(request, meta.model)
         if meta.kind == "chat" and request.app.state.tools_in_prompt:
             guide_calls_in_prompt(job)
+        if job.messages is not None:  # media parts: placeholders for the template, bytes fetched
+            job.messages, refs = chat_media(job.messages)
+            await attach(request, job, refs, "messages", chat=True)
     prompts: list[Prompt | None] = [None] * len(jobs)
     if any(_lists_prompt(meta, job) for job in jobs):
         prompts = await until_disconnected(request, _prompts(triton, meta, jobs))

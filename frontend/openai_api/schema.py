@@ -20,6 +20,7 @@ from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
 from frontend.engine_client import guides
 from frontend.engine_client.request import Guide, Job
 from frontend.errors import APIError
+from frontend.media.parts import CHAT_PARTS, TextPart, parts_validator
 from frontend.openai_api import prompt_embeds
 
 MAX_INT32 = 2**31 - 1
@@ -160,29 +161,12 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
-class TextPart(BaseModel):
-    model_config = _CONFIG
-    type: Literal["text"]
-    text: str
-
-
-def _content(value: Any) -> Any:
-    """A string, or a list of text parts; other part types (image_url, …) need a multimodal model."""
-    if isinstance(value, list):
-        for i, part in enumerate(value):
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind != "text":
-                raise ValueError(
-                    f"content[{i}] has type {kind!r}: this model is text-only, content parts must be "
-                    '{"type": "text", "text": "..."}'
-                )
-    return value
-
-
 class ChatMessage(BaseModel):
     model_config = _CONFIG
     role: Literal["system", "user", "assistant", "tool"]
-    content: Annotated[str | list[TextPart] | None, BeforeValidator(_content)] = None
+    # Media parts (image_url, video_url, audio_url, input_audio: frontend.media.parts) are checked
+    # against the served model and fetched by the route.
+    content: Annotated[str | list[Any] | None, parts_validator(CHAT_PARTS, "a string", nullable=True)] = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
@@ -200,7 +184,7 @@ class ChatMessage(BaseModel):
 
     def chars(self) -> int:
         if isinstance(self.content, list):
-            return sum(len(p.text) for p in self.content)
+            return sum(len(p.text) for p in self.content if isinstance(p, TextPart))
         return len(self.content or "")
 
 

@@ -41,7 +41,8 @@ SCHEMAS = {
     },
 }
 WHY = {
-    400: "Invalid request: the message and `param` name the field and what is allowed",
+    400: "Invalid request: the message (and `param`, OpenAI's shape) name the field or content part and "
+    "what is allowed",
     401: "Missing or wrong API key (only when the server has API keys)",
     404: "Unknown model or endpoint",
     413: "Request body larger than the server's limit",
@@ -62,6 +63,8 @@ def statuses(path: str, method: str) -> list[int]:
         return codes
     openai = path.startswith(OPENAI_PREFIXES)
     codes += [400, 404] if openai else [422]
+    if path == "/":  # TGI's route refuses media content parts with 400 (frontend.media.attach)
+        codes.append(400)
     codes += [413, 503]
     if path in _GENERATION_PATHS or path.startswith("/serving-endpoints/"):
         codes.append(429)

@@ -28,6 +28,8 @@ from frontend.engine_client.steps import (
     steps,
 )
 from frontend.errors import APIError
+from frontend.media.attach import attach
+from frontend.media.parts import text_of, tgi_media
 from frontend.streaming import EventStream, sse, until_disconnected
 from frontend.tgi.schema import ADAPTER_NONE, DEFAULT_MAX_NEW_TOKENS, GenerateRequest
 
@@ -60,8 +62,12 @@ def plan(req: GenerateRequest) -> Job:
     seed = None
     if sample:
         seed = p.seed if p.seed is not None else secrets.randbelow(_SEED_RANGE) + 1
+    prompt_parts = None
+    if isinstance(req.inputs, list):  # multimodal: preprocessing renders the parts, no template
+        prompt_parts, _ = tgi_media(_dumped(req))
     return Job(
-        prompt=req.inputs,
+        prompt=req.inputs if isinstance(req.inputs, str) else None,
+        prompt_parts=prompt_parts,
         max_tokens=p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
         stream=req.stream,
         sample=sample,
@@ -80,6 +86,31 @@ def plan(req: GenerateRequest) -> Job:
         max_tokens_param="max_new_tokens",
         guide_param="parameters.grammar",
     )
+
+
+def _dumped(req: GenerateRequest) -> list[dict[str, Any]]:
+    return [part.model_dump() for part in req.inputs]
+
+
+async def _media(request: Request, req: GenerateRequest, job: Job) -> None:
+    """A list `inputs`: only for a multimodal model; its media fetched onto the job."""
+    if isinstance(req.inputs, str):
+        return
+    _, refs = tgi_media(_dumped(req))
+    if not request.app.state.media_kinds:
+        raise APIError(
+            400,
+            f"{refs[0].part if refs else 'inputs'}: this model is text-only: inputs must be a string, "
+            "not a multimodal list",
+            "validation",
+            param=refs[0].part if refs else "inputs",
+        )
+    await attach(request, job, refs, "inputs", chat=False)
+
+
+def _full_text(req: GenerateRequest) -> str:
+    """What `return_full_text` puts before the generated text: the prompt, or a list's text parts."""
+    return req.inputs if isinstance(req.inputs, str) else text_of(_dumped(req))
 
 
 def _adapter(request: Request, adapter_id: str | None) -> str | None:
@@ -124,6 +155,7 @@ async def generate_text(
     p = req.parameters
     job = plan(req)
     job.lora_name = _adapter(request, p.adapter_id)
+    await _media(request, req, job)
     if req.stream:
         upstream = steps(triton, job)
         step = await until_disconnected(request, first(upstream))
@@ -141,7 +173,7 @@ async def generate_text(
             "seed": job.seed,
             "tokens": [_token(t) for t in gen.tokens],
         }
-    item["generated_text"] = (req.inputs if p.return_full_text else "") + gen.text
+    item["generated_text"] = (_full_text(req) if p.return_full_text else "") + gen.text
     return JSONResponse([item])
 
 
@@ -176,7 +208,7 @@ async def _events(
             if step.finish_reason:
                 if not events:  # the final response carried no token: the text still needs an event
                     events = [_event([], carry, None, False)]
-                events[-1]["generated_text"] = (req.inputs if p.return_full_text else "") + gen.text
+                events[-1]["generated_text"] = (_full_text(req) if p.return_full_text else "") + gen.text
                 if p.details:
                     events[-1]["details"] = {
                         "prompt_tokens": gen.prompt_tokens,

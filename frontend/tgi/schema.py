@@ -14,6 +14,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from frontend.media.parts import INPUT_PARTS, parts_validator
+
 MAX_INT32 = 2_147_483_647
 MAX_UINT64 = 18_446_744_073_709_551_615
 MAX_INPUT_CHARS = 4 * 1024 * 1024
@@ -58,9 +60,16 @@ def _number(low: float, high: float | None = None, *, integer: bool = False, hig
     return BeforeValidator(check)
 
 
-def _inputs(value: Any) -> str:
+def _inputs(value: Any) -> Any:
+    """A prompt string, or a non-empty list of content parts; the parts are checked by their models
+    (frontend.media.parts), their media against the served model by the route."""
     if isinstance(value, list):
-        raise ValueError("this model is text-only: inputs must be a string, not a multimodal list")
+        if not value:
+            raise ValueError("must be a non-empty string or a non-empty list of content parts")
+        texts = [p.get("text") for p in value if isinstance(p, dict) and p.get("type") == "text"]
+        if sum(len(t) for t in texts if isinstance(t, str)) > MAX_INPUT_CHARS:
+            raise ValueError(f"must have at most {MAX_INPUT_CHARS} characters of text in all")
+        return value
     if not isinstance(value, str) or not 0 < len(value) <= MAX_INPUT_CHARS:
         raise ValueError(f"must be a non-empty string of at most {MAX_INPUT_CHARS} characters")
     return value
@@ -124,7 +133,10 @@ class GenerateParameters(BaseModel):
 class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    inputs: Annotated[str, BeforeValidator(_inputs, json_schema_input_type=str)]
+    # A prompt, or (multimodal models) a list of text, image_url, video_url and audio_url parts.
+    inputs: Annotated[
+        str | list[Any], parts_validator(INPUT_PARTS, "a non-empty string"), BeforeValidator(_inputs)
+    ]
     parameters: GenerateParameters = Field(default_factory=GenerateParameters)
     stream: Flag = False
 

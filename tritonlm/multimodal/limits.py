@@ -27,9 +27,13 @@ class MediaLimits:
     (e.g. MEDIA_MAX_ITEMS)."""
 
     max_items: int = 20  # image_url + video_url + audio_url per request (seed 000)
-    max_image_bytes: int = 20 * MB  # seed 000 (seed 001 allows 40 MB: raise it there)
+    max_image_bytes: int = 20 * MB  # seed 000 (TGI's POST /)
     max_video_bytes: int = 512 * MB
     max_audio_bytes: int = 20 * MB
+    # The chat APIs (seed 001: OpenAI, and Databricks' chat) allow 40 MB. Unset, they follow
+    # MEDIA_MAX_IMAGE_BYTES / MEDIA_MAX_AUDIO_BYTES when those are set, so one setting lowers both.
+    max_chat_image_bytes: int = 40 * MB
+    max_chat_audio_bytes: int = 40 * MB
     max_image_pixels: int = 4096 * 4096
     max_video_frames: int = 32
     video_frames: int = 0  # frames sampled per video; 0: the checkpoint's default (frames_per_video)
@@ -44,7 +48,15 @@ class MediaLimits:
         for f in fields(cls):
             raw = env.get(f"MEDIA_{f.name.upper()}")
             if raw is not None:
-                values[f.name] = type(getattr(cls, f.name))(raw)
+                cast = type(getattr(cls, f.name))
+                try:
+                    values[f.name] = cast(raw)
+                except ValueError:
+                    number = "an integer" if cast is int else "a number"
+                    raise ValueError(f"MEDIA_{f.name.upper()} must be {number}, got {raw!r}") from None
+        for kind in ("image", "audio"):
+            if f"max_{kind}_bytes" in values:
+                values.setdefault(f"max_chat_{kind}_bytes", values[f"max_{kind}_bytes"])
         return cls(**values)
 
     def frames_per_video(self, checkpoint_frames: int | None = None) -> int:
@@ -54,5 +66,8 @@ class MediaLimits:
         frames = self.video_frames or checkpoint_frames or DEFAULT_VIDEO_FRAMES
         return max(1, min(frames, self.max_video_frames))
 
-    def max_bytes(self, kind: str) -> int:
+    def max_bytes(self, kind: str, chat: bool = False) -> int:
+        """Bytes allowed per item of `kind`; `chat`: on the chat APIs (seed 001's larger limits)."""
+        if chat and hasattr(self, f"max_chat_{kind}_bytes"):
+            return getattr(self, f"max_chat_{kind}_bytes")
         return getattr(self, f"max_{kind}_bytes")
