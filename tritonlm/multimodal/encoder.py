@@ -60,26 +60,32 @@ class MediaEncoder:
     @torch.no_grad()
     def encode(self, kind: str, item: object) -> torch.Tensor:
         """[rows, hidden] features of one item: a PIL image, or mono float32 samples at `sampling_rate`."""
+        return self.encode_many(kind, [item])[0]
+
+    @torch.no_grad()
+    def encode_many(self, kind: str, items: list) -> list[torch.Tensor]:
+        """Each item's [rows, hidden] features, from one forward pass for all of them (the rows equal
+        encoding each alone: images are resized to one shape, audio padded to one window and masked)."""
         if kind not in self.kinds:
             raise ValueError(f"this model accepts {', '.join(self.kinds)}, not {kind}")
         if kind == "image":
-            return self._image(item)
-        return self._audio(item)
+            return self._images(items)
+        return self._audio(items)
 
-    def _image(self, image) -> torch.Tensor:
+    def _images(self, images: list) -> list[torch.Tensor]:
         config = self.model.config
-        pixels = self.processor.image_processor(images=[image], return_tensors="pt").pixel_values
+        pixels = self.processor.image_processor(images=images, return_tensors="pt").pixel_values
         out = self.model.model.get_image_features(
             pixel_values=pixels.to(self.model.dtype),
             vision_feature_layer=config.vision_feature_layer,
             vision_feature_select_strategy=config.vision_feature_select_strategy,
         )
-        return torch.cat(list(out.pooler_output)).reshape(-1, self.hidden_size)
+        return [features.reshape(-1, self.hidden_size) for features in out.pooler_output]
 
-    def _audio(self, samples: np.ndarray) -> torch.Tensor:
+    def _audio(self, clips: list[np.ndarray]) -> list[torch.Tensor]:
         # The processor's settings: padded to the extractor's window, with the mask giving the real length.
         inputs = self.processor.feature_extractor(
-            [samples],
+            clips,
             sampling_rate=self.sampling_rate,
             return_attention_mask=True,
             padding="max_length",
@@ -93,9 +99,9 @@ class MediaEncoder:
         # Qwen2Audio's forward builds the encoder's bidirectional mask from `keep` the same way.
         attention = create_bidirectional_mask(
             config=tower.config,
-            inputs_embeds=torch.zeros(1, max_len, 1, dtype=features.dtype),
+            inputs_embeds=torch.zeros(len(clips), max_len, 1, dtype=features.dtype),
             attention_mask=keep,
         )
         hidden = tower(features, attention_mask=attention).last_hidden_state
         rows = self.model.model.multi_modal_projector(hidden)
-        return rows[0, : int(out_lengths[0])]
+        return [rows[i, : int(n)] for i, n in enumerate(out_lengths)]
