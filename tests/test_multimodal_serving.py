@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import tritonclient.grpc as grpcclient
 from PIL import Image
 from transformers import AutoProcessor
 
@@ -303,7 +304,22 @@ def test_concurrent_requests_keep_their_own_images(llava, reference):
         finally:
             await client.close()
 
+    before = encoder_counts(llava)
     assert asyncio.run(all_at_once()) == expected
+    inferences, executions = (
+        after - earlier for after, earlier in zip(encoder_counts(llava), before, strict=True)
+    )
+    assert inferences == 3 and executions < 3  # the dynamic batcher gave some of them one execute call
+
+
+def encoder_counts(servers: Servers) -> tuple[int, int]:
+    """multimodal_encoder's requests and execute calls so far (Triton's statistics)."""
+    client = grpcclient.InferenceServerClient(servers.grpc_url)
+    try:
+        (stats,) = client.get_inference_statistics("multimodal_encoder", as_json=True)["model_stats"]
+    finally:
+        client.close()
+    return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
 
 
 def test_a_text_only_server_refuses_media(servers):
