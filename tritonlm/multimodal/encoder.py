@@ -39,11 +39,17 @@ def language_model_class(config) -> type:
 
 
 class MediaEncoder:
-    def __init__(self, model_dir: str | Path) -> None:
+    """`device`: where the towers run, "auto" as the engine's setting (float32 there too: the rows
+    must be what transformers makes)."""
+
+    def __init__(self, model_dir: str | Path, device: str = "cpu") -> None:
         name = architecture(model_dir)
         if name not in MODEL_CLASSES:
             raise ValueError(f"{model_dir} is not a multimodal checkpoint this server can encode")
         model_class, self.kinds = MODEL_CLASSES[name], MEDIA_KINDS[name]
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
         self.model = model_class.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.processor = AutoProcessor.from_pretrained(model_dir)
         config = self.model.config
@@ -52,6 +58,14 @@ class MediaEncoder:
             "image": getattr(self.processor, "image_token", None),
             "audio": getattr(self.processor, "audio_token", None),
         }
+
+    def towers_only(self) -> MediaEncoder:
+        """Frees the language model (the engine serves it; encoding never runs it) and moves the
+        rest to `device`."""
+        self.model.model.language_model = None
+        self.model.lm_head = None
+        self.model.to(self.device)
+        return self
 
     @property
     def sampling_rate(self) -> int:
@@ -76,11 +90,11 @@ class MediaEncoder:
         config = self.model.config
         pixels = self.processor.image_processor(images=images, return_tensors="pt").pixel_values
         out = self.model.model.get_image_features(
-            pixel_values=pixels.to(self.model.dtype),
+            pixel_values=pixels.to(self.device, self.model.dtype),
             vision_feature_layer=config.vision_feature_layer,
             vision_feature_select_strategy=config.vision_feature_select_strategy,
         )
-        return [features.reshape(-1, self.hidden_size) for features in out.pooler_output]
+        return [features.reshape(-1, self.hidden_size).cpu() for features in out.pooler_output]
 
     def _audio(self, clips: list[np.ndarray]) -> list[torch.Tensor]:
         # The processor's settings: padded to the extractor's window, with the mask giving the real length.
@@ -91,17 +105,18 @@ class MediaEncoder:
             padding="max_length",
             return_tensors="pt",
         )
-        features, mask = inputs.input_features.to(self.model.dtype), inputs.attention_mask
+        features = inputs.input_features.to(self.device, self.model.dtype)
+        mask = inputs.attention_mask.to(self.device)
         tower = self.model.model.audio_tower
         feat_lengths, out_lengths = tower._get_feat_extract_output_lengths(mask.sum(-1))
         max_len = (features.shape[-1] - 2) // 2 + 1
-        keep = (torch.arange(max_len)[None, :] < feat_lengths[:, None]).long()
+        keep = (torch.arange(max_len, device=self.device)[None, :] < feat_lengths[:, None]).long()
         # Qwen2Audio's forward builds the encoder's bidirectional mask from `keep` the same way.
         attention = create_bidirectional_mask(
             config=tower.config,
-            inputs_embeds=torch.zeros(len(clips), max_len, 1, dtype=features.dtype),
+            inputs_embeds=torch.zeros(len(clips), max_len, 1, dtype=features.dtype, device=self.device),
             attention_mask=keep,
         )
         hidden = tower(features, attention_mask=attention).last_hidden_state
-        rows = self.model.model.multi_modal_projector(hidden)
+        rows = self.model.model.multi_modal_projector(hidden).cpu()
         return [rows[i, : int(n)] for i, n in enumerate(out_lengths)]

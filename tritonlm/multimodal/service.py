@@ -46,14 +46,16 @@ def _texts(array: np.ndarray, name: str) -> list[str]:
 
 
 class EncoderService:
-    def __init__(self, model_dir: str | Path, limits: MediaLimits | None = None) -> None:
+    """`device`: where the towers run (the engine's setting: "auto", "cpu", "cuda:1" …)."""
+
+    def __init__(self, model_dir: str | Path, limits: MediaLimits | None = None, device: str = "cpu") -> None:
         self.kinds = media_kinds(model_dir)
         self.limits = limits or MediaLimits.from_env()
         self.encoder = None
         if self.kinds:
             from tritonlm.multimodal.encoder import MediaEncoder  # torch: only with a tower to run
 
-            self.encoder = MediaEncoder(model_dir)
+            self.encoder = MediaEncoder(model_dir, device).towers_only()
 
     def process(self, batch: Sequence[Mapping[str, np.ndarray]]) -> list[Outputs | Exception]:
         """Each request's outputs (contract.ENCODER_OUTPUTS), or the error that fails it alone."""

@@ -10,9 +10,10 @@ from tritonlm.serving import contract, stub_process, triton_glue
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         stub_process.guard()  # ends with tritonserver, and ends fast
-        # The engine's checkpoint (its settings), unless this model's model_dir parameter says otherwise.
-        model_dir = triton_glue.parameters(args).get("model_dir") or triton_glue.engine_config(args).model_dir
-        self.service = EncoderService(model_dir)
+        # The engine's checkpoint and device (its settings), unless model_dir here says otherwise.
+        engine = triton_glue.engine_config(args)
+        model_dir = triton_glue.parameters(args).get("model_dir") or engine.model_dir
+        self.service = EncoderService(model_dir, device=engine.device)
 
     def execute(self, requests: list) -> list:
         batch = [triton_glue.read_inputs(request, contract.ENCODER_INPUTS) for request in requests]
