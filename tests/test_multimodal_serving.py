@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,12 +28,16 @@ from frontend.engine_client.steps import generate, prompt_tokens
 from frontend.engine_client.triton import TritonClient
 from frontend.errors import APIError
 from tests.conftest import Servers, running_servers
+from tritonlm.config import checkpoint_vocab_size
+from tritonlm.errors import InvalidRequest
 from tritonlm.multimodal import checkpoints
 from tritonlm.multimodal.architectures import placeholders
 from tritonlm.multimodal.decode import decode_audio
 from tritonlm.multimodal.encoder import MODEL_CLASSES
 from tritonlm.multimodal.limits import MediaLimits
 from tritonlm.multimodal.service import EncoderService
+from tritonlm.text.preprocess import Preprocessor
+from tritonlm.text.tokenization import load_tokenizer
 
 NEW_TOKENS = 12
 MODELS = {"llava": "image", "qwen2_audio": "audio"}
@@ -143,7 +148,163 @@ def job(**fields) -> Job:
 
 
 # ---------------------------------------------------------------------------------------------
-# The encoder's logic alone (no server).
+# Without a server: the encoder's and preprocessing's logic, the frontend's wiring.
+
+
+def preprocessor(model_dir: Path) -> Preprocessor:
+    return Preprocessor(
+        load_tokenizer(model_dir),
+        max_seq_len=128,
+        model_vocab_size=checkpoint_vocab_size(model_dir),
+        placeholders=placeholders(model_dir),
+    )
+
+
+def text(value: object) -> np.ndarray:
+    return np.array([json.dumps(value) if not isinstance(value, str) else value], dtype=object)
+
+
+def test_preprocessing_turns_each_placeholder_into_its_rows(built):
+    pre = preprocessor(built["qwen2_audio"])
+    vocab, audio = pre.model_vocab_size, pre.tokenizer.convert_tokens_to_ids("<|AUDIO|>")
+    assert pre.placeholder_kinds == {audio: "audio"}
+    rows = {
+        "media_rows": np.array([[2, 3]], np.int32),
+        "media_kinds": np.array([[b"audio", b"audio"]], dtype=object),
+    }
+    parts = [{"type": "audio"}, {"type": "text", "text": "and"}, {"type": "audio"}]
+    out = pre.process({"prompt_parts": text(parts), "virtual_tokens": np.array([1], np.int32), **rows})
+    ids = out["input_ids"][0].tolist()
+    assert ids[0] == vocab  # the client's virtual row first, then the items' rows in order
+    assert [i - vocab for i in ids if i >= vocab] == [0, 1, 2, 3, 4, 5]
+    assert audio not in ids and out["input_token_texts"].tolist()[1:3] == [b"<|audio_bos|>", b""]
+    # A chat message's media parts go to the template, which writes the placeholder.
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hear"}, {"type": "audio"}]}]
+    one = {"media_rows": np.array([[4]], np.int32), "media_kinds": np.array([[b"audio"]], dtype=object)}
+    chat = pre.process({"chat_messages": text(messages), **one})
+    assert [i - vocab for i in chat["input_ids"][0].tolist() if i >= vocab] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        (
+            {"text_input": text("no placeholder"), "media_rows": np.array([[2]], np.int32)},
+            "text_input: the prompt has 0 media placeholders for 1 media items",
+        ),
+        (
+            {"prompt_parts": text([{"type": "image"}, {"type": "image"}])},
+            "prompt_parts: the prompt has 2 media placeholders for 0 media items",
+        ),
+        (
+            {"prompt_parts": text([{"type": "audio"}])},
+            "prompt_parts[0]: expected a part of type text, image, got 'audio'",
+        ),
+        ({"prompt_parts": text('"<image>"')}, "prompt_parts must be a non-empty JSON list"),
+        (
+            {"chat_messages": text([{"role": "user", "content": [{"type": "video"}]}])},
+            "content parts must be text or image",
+        ),
+        (
+            {"prompt_parts": text([{"type": "image"}]), "media_rows": np.array([[0]], np.int32)},
+            "media_rows must be >= 1",
+        ),
+        (
+            {
+                "prompt_parts": text([{"type": "image"}, {"type": "text", "text": "x y z"}]),
+                "media_rows": np.array([[49]], np.int32),
+                "truncate": np.array([3], np.int32),
+            },
+            "truncate: keeping the last 3 tokens would cut a media item",
+        ),
+        (
+            {
+                "prompt_parts": text([{"type": "image"}]),
+                "media_rows": np.array([[200]], np.int32),
+                "truncate_to_fit": np.array([True]),
+            },
+            "cutting it to fit would cut its media",
+        ),
+        (
+            {"text_input": text("x"), "prompt_parts": text([{"type": "text", "text": "y"}])},
+            "not both text_input and prompt_parts",
+        ),
+    ],
+)
+def test_preprocessing_refuses_media_that_do_not_pair_up(built, inputs, message):
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
+        preprocessor(built["llava"]).process(inputs)
+
+
+def test_a_text_only_model_still_refuses_media_parts(model_dir):
+    pre = preprocessor(model_dir)
+    with pytest.raises(InvalidRequest, match="this model is text-only"):
+        pre.process({"chat_messages": text([{"role": "user", "content": [{"type": "image"}]}])})
+    with pytest.raises(InvalidRequest, match="media_rows: this model is text-only"):
+        pre.process({"text_input": text("hi"), "media_rows": np.array([[3]], np.int32)})
+
+
+class Recorder:
+    """A Triton that records calls: the encoder answers two rows per item, the engine one step."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, np.ndarray]]] = []
+
+    async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls.append((model, inputs))
+        if model == "multimodal_encoder":
+            items = inputs["media"].shape[1]
+            return {
+                "prompt_embedding_table": np.zeros((1, 2 * items, 4), np.float32),
+                "media_rows": np.full((1, items), 2, np.int32),
+            }
+        return {"input_ids": np.array([[1, 2]], np.int32), "request_output_len": np.array([[3]], np.int32)}
+
+    async def stream(self, model: str, inputs: dict[str, np.ndarray], outputs=None):
+        self.calls.append((model, inputs))
+        yield {"output_ids": np.array([[7]], np.int32), "finish_reason": np.array([b"length"], dtype=object)}
+
+
+def test_the_pipeline_calls_the_encoder_only_for_media():
+    async def run(job: Job) -> list[tuple[str, dict[str, np.ndarray]]]:
+        triton = Recorder()
+        await generate(Pipeline(triton), job)
+        return triton.calls
+
+    items = (MediaItem("image", b"a", "inputs[0]"), MediaItem("image", b"b", "inputs[2]"))
+    (encoder, enc_in), (pre, pre_in), (engine, eng_in) = asyncio.run(
+        run(job(prompt_parts=[{"type": "image"}] * 2, media=items))
+    )
+    assert (encoder, pre, engine) == ("multimodal_encoder", "preprocessing", "engine")
+    assert set(enc_in) == {"media", "media_kinds"} and enc_in["media"].tolist() == [[b"a", b"b"]]
+    assert pre_in["media_rows"].tolist() == [[2, 2]] and pre_in["media_kinds"].tolist() == [
+        [b"image", b"image"]
+    ]
+    assert json.loads(pre_in["prompt_parts"][0]) == [{"type": "image"}] * 2
+    assert eng_in["prompt_embedding_table"].shape == (1, 4, 4) and "media" not in eng_in
+    # Without media the client's own table goes straight to the engine.
+    table = np.ones((3, 4), np.float16)
+    (pre, _), (engine, eng_in) = asyncio.run(run(job(prompt="Hi", prompt_embeds=table)))
+    assert (pre, engine) == ("preprocessing", "engine")
+    assert eng_in["prompt_embedding_table"].dtype == np.float32 and eng_in[
+        "prompt_embedding_table"
+    ].shape == (1, 3, 4)
+
+
+def test_job_names_a_media_error_by_its_content_part():
+    items = (
+        MediaItem("image", b"a", "messages[0].content[1]"),
+        MediaItem("audio", b"b", "messages[1].content[0]"),
+    )
+    named = job(messages=[], media=items).named(
+        APIError(422, "media[1]: the bytes are not a supported audio file")
+    )
+    assert named.param == "messages[1].content[0]"
+    assert named.message == "messages[1].content[0]: the bytes are not a supported audio file"
+    named = job(prompt_parts=[], media=items, prompt_param="inputs").named(
+        APIError(422, "prompt_parts: the prompt has 1 media placeholders for 2 media items")
+    )
+    assert named.param == "inputs" and named.message.startswith("inputs: the prompt has 1")
 
 
 def test_encoder_service_batches_requests_and_fails_only_the_bad_one(built):
