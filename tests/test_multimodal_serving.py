@@ -20,6 +20,7 @@ import torch
 import tritonclient.grpc as grpcclient
 from PIL import Image
 from transformers import AutoProcessor
+from transformers.image_utils import load_image
 
 from client.stream import StreamClient
 from frontend.engine_client.pipeline import Pipeline
@@ -32,7 +33,7 @@ from tritonlm.config import checkpoint_vocab_size
 from tritonlm.errors import InvalidRequest
 from tritonlm.multimodal import checkpoints
 from tritonlm.multimodal.architectures import placeholders
-from tritonlm.multimodal.decode import decode_audio
+from tritonlm.multimodal.decode import decode_audio, decode_image
 from tritonlm.multimodal.encoder import MODEL_CLASSES
 from tritonlm.multimodal.limits import MediaLimits
 from tritonlm.multimodal.service import EncoderService
@@ -162,6 +163,19 @@ def preprocessor(model_dir: Path) -> Preprocessor:
 
 def text(value: object) -> np.ndarray:
     return np.array([json.dumps(value) if not isinstance(value, str) else value], dtype=object)
+
+
+def test_images_are_decoded_as_transformers_loads_them(tmp_path):
+    """Upright by their EXIF orientation, RGB: transformers' load_image, which its pipelines use."""
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: rotate 90° clockwise to view
+    path = tmp_path / "portrait.jpg"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (30, 50, 3), dtype=np.uint8)).save(
+        path, exif=exif
+    )
+    decoded = decode_image(path.read_bytes(), MediaLimits(), "media[0]")
+    assert decoded.size == (30, 50)
+    assert np.array_equal(np.asarray(decoded), np.asarray(load_image(str(path))))
 
 
 def test_preprocessing_turns_each_placeholder_into_its_rows(built):
