@@ -5,6 +5,7 @@ and report time to first token and per-token latency.
     python -m client.stream --model engine --ids 1 2 3 --max-tokens 16 --param temperature=0.7 \
         --param runtime_top_p=0.9
     python -m client.stream --text "Hello" --lora-dir converted/ --lora-task-id 7   # then the id alone
+    python -m client.stream --text "<image>What is this?" --media image=cat.png   # a multimodal model
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -95,6 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--param", action="append", default=[], help="NAME=VALUE, any input of the model")
     parser.add_argument("--lora-task-id", type=int, help="a LoRA task: cached, or sent with --lora-dir")
     parser.add_argument("--lora-dir", help="the task's tensors (`python -m client.lora PEFT_DIR OUT_DIR`)")
+    parser.add_argument(
+        "--media",
+        action="append",
+        default=[],
+        metavar="KIND=PATH",
+        help="an image, video or audio file for a multimodal model, in the order of the text's placeholders",
+    )
     args = parser.parse_args(argv)
 
     if args.model == "ensemble":
@@ -114,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         from client.lora import load
 
         values["lora_weights"], values["lora_config"] = load(args.lora_dir)
+    if args.media:
+        # One request's items, [1, items]: the file's bytes and its kind (the server decodes them).
+        kinds, _, paths = zip(*(item.partition("=") for item in args.media), strict=True)
+        values["media"] = [[Path(path).read_bytes() for path in paths]]
+        values["media_kinds"] = [list(kinds)]
 
     client = StreamClient(args.url)
     start = last = time.perf_counter()

@@ -163,7 +163,7 @@ def test_sigkill_of_the_launcher_leaves_nothing(launched: Launched) -> None:
     groups = launched.groups()
     assert set(groups) == {"triton", "frontend"}
     stubs = children(groups["triton"])
-    assert len(stubs) >= 4  # preprocessing, engine, postprocessing, embedding
+    assert len(stubs) >= 5  # multimodal_encoder, preprocessing, engine, postprocessing, embedding
     launched.process.send_signal(signal.SIGKILL)
     took = launched.wait_gone(groups, 15)
     print(f"everything gone {took:.1f} s after SIGKILL of the launcher")

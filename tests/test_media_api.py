@@ -1,8 +1,7 @@
 """Media content parts against real frontends (`python -m frontend`, started by the launcher's own
 `start_frontend`): one serving a tiny Llava checkpoint (images only), one the text-only default
 model. Every refusal happens before Triton is asked anything, so these frontends point at a port
-where no Triton listens. Requests that pass validation need the `multimodal_encoder` model: the last
-test runs on a real tritonserver and is skipped until it exists (see SKIP_NEEDS_ENCODER)."""
+where no Triton listens. Requests that pass validation run on a real tritonserver (the last test)."""
 
 from __future__ import annotations
 
@@ -28,10 +27,6 @@ from tritonlm import launcher
 SECRET = b"TOPSECRET-file-content"
 # Small enough that a test's data URL goes over it; the chat APIs follow MEDIA_MAX_IMAGE_BYTES.
 MAX_IMAGE_BYTES = 4096
-SKIP_NEEDS_ENCODER = (
-    "needs the multimodal_encoder Triton model and media preprocessing (helper enc, issue 12); "
-    "the lead enables this after merging"
-)
 
 
 def png_bytes(color=(0, 90, 200)) -> bytes:
@@ -272,7 +267,6 @@ def llava_servers(llava_dir: Path, media: Media):
         yield s
 
 
-@pytest.mark.skip(reason=SKIP_NEEDS_ENCODER)
 @pytest.mark.parametrize("api", APIS)
 def test_every_api_generates_with_an_image(llava_servers, media, api):
     path, body = API_PATHS[api]

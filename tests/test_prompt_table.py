@@ -165,7 +165,7 @@ def complete(servers, **body) -> httpx.Response:
 
 def test_prompt_embeds_over_openai_completions(servers, hf_model):
     table = make_table(5, 4)  # the rows of test_prompt_table_through_tritonserver
-    rows = torch.from_numpy(table[0]).float()  # sent as float32; the engine's FP16 keeps them exact
+    rows = torch.from_numpy(table[0]).float()  # float16 values: exact through any float dtype
     tokenizer = load_tokenizer(servers.model_dir)
     virtual = [VOCAB + i for i in range(5)]
     hello = encode_prompt(tokenizer, "Hello")

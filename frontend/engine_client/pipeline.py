@@ -1,4 +1,5 @@
-"""The ensemble's work, run by the frontend: preprocessing (one infer), then the engine (one stream),
+"""The ensemble's work, run by the frontend: for a request with media, multimodal_encoder (one infer:
+the media's prompt-table rows), then preprocessing (one infer), then the engine (one stream),
 which makes the text itself (contract.TEXT_OUTPUTS) with postprocessing's own logic, so each token
 crosses the server once instead of twice. The engine's inputs are wired exactly as the ensemble wires
 them (`tritonlm.serving.pbtxt.ensemble_steps`, from the contract), and its outputs carry the ensemble's names.
@@ -17,7 +18,7 @@ from collections.abc import AsyncIterator, Iterable
 import numpy as np
 
 from frontend.engine_client.steps import Triton
-from frontend.engine_client.triton import ENSEMBLE, PREPROCESSING
+from frontend.engine_client.triton import ENSEMBLE, MULTIMODAL_ENCODER, PREPROCESSING
 from tritonlm.serving import contract
 from tritonlm.serving.pbtxt import ensemble_steps
 
@@ -27,6 +28,8 @@ _STEPS = ensemble_steps()
 # The ensemble's outputs are the engine's text and passed-through outputs, under the same names.
 ENSEMBLE_OUTPUTS = tuple(t.name for t in contract.ENSEMBLE_OUTPUTS)
 assert set(ENSEMBLE_OUTPUTS) <= {t.name for t in contract.ENGINE_OUTPUTS}
+# The ensemble tensor that carries the encoder's table (the client's rows, then the media's) to the engine.
+_TABLE = _STEPS[MULTIMODAL_ENCODER][1]["prompt_embedding_table"]
 
 
 def _feed(step: str, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -60,6 +63,14 @@ class Pipeline:
                 yield response
             return
         tensors = dict(inputs)
+        if "media" in tensors:
+            # The prompt inputs only size a request in the ensemble (contract.ENCODER_ANCHORS).
+            feed = _feed(MULTIMODAL_ENCODER, tensors)
+            for name in contract.ENCODER_ANCHORS:
+                feed.pop(name, None)
+            tensors.update(_produced(MULTIMODAL_ENCODER, await self.triton.infer(MULTIMODAL_ENCODER, feed)))
+        elif "prompt_embedding_table" in tensors:  # no media: the client's table goes to the engine as is
+            tensors[_TABLE] = tensors["prompt_embedding_table"]
         tensors.update(
             _produced(PREPROCESSING, await self.triton.infer(PREPROCESSING, _feed(PREPROCESSING, tensors)))
         )

@@ -36,8 +36,13 @@ _PARAMS = {
     "guided_decoding_guide_type": "guide",
     "prompt_embedding_table": "prompt_embeds",
     "virtual_tokens": "prompt_embeds",
+    "prompt_parts": "prompt",
+    "media": "prompt",
+    "media_kinds": "prompt",
+    "media_rows": "prompt",
 }
 _LEADING_NAME = re.compile(r"^(\w+)")
+_MEDIA_ITEM = re.compile(r"^media\[(\d+)\]")
 
 
 @dataclass(frozen=True)
@@ -95,8 +100,8 @@ class Job:
     stream_usage: bool = True  # usage on the last chunk of a stream
     guide: Guide | None = None  # constrain the output (guided decoding)
     lora_name: str | None = None  # a LoRA adapter the engine loaded at start-up (lora_modules)
-    # Input embeddings [P, hidden] (FP16) fed before the prompt's tokens (OpenAI prompt_embeds):
-    # the engine's prompt_embedding_table, selected by P virtual tokens.
+    # Input embeddings [P, hidden] fed before the prompt's tokens (OpenAI prompt_embeds): the
+    # engine's prompt_embedding_table (FP32), selected by P virtual tokens.
     prompt_embeds: np.ndarray | None = None
     # Media items in prompt order (multimodal models). Their placeholders are in `messages` (parts
     # {"type": kind, kind: "<kind>"}) or in `prompt_parts` (TGI's list `inputs`: text and media parts,
@@ -126,6 +131,8 @@ class Job:
                 values["chat_template_kwargs"] = json.dumps(self.chat_template_kwargs, ensure_ascii=False)
             if self.tools is not None:
                 values["chat_tools"] = json.dumps(self.tools.template_tools(), ensure_ascii=False)
+        elif self.prompt_parts is not None:
+            values["prompt_parts"] = json.dumps(self.prompt_parts, ensure_ascii=False)
         elif self.prompt is not None or self.prompt_embeds is None:
             values["text_input"] = self.prompt or ""
         if self.prompt_embeds is not None:
@@ -181,7 +188,16 @@ class Job:
                 values["top_logprobs"] = self.logprobs
             if self.echo and self.logprobs is not None:
                 values["return_prompt_log_probs"] = True
-        return tensors(ENSEMBLE, **values)
+        return tensors(ENSEMBLE, **values) | self.media_inputs()
+
+    def media_inputs(self) -> dict[str, np.ndarray]:
+        """The media items as `media` and `media_kinds` ([1, items] each: one request); {} without."""
+        if not self.media:
+            return {}
+        return {
+            "media": np.array([[item.data for item in self.media]], dtype=object),
+            "media_kinds": np.array([[item.kind.encode() for item in self.media]], dtype=object),
+        }
 
     def _sampling(self, index: int) -> dict[str, Any]:
         """The one sampling rule of every API. Greedy sends nothing (the engine's defaults, top_k 0
@@ -203,8 +219,15 @@ class Job:
 
     def named(self, error: APIError) -> APIError:
         """A model's 4xx in this API's words: `param` is the request field the message starts with
-        (as a tensor name), and the message calls it by that field's name."""
+        (as a tensor name), and the message calls it by that field's name; `media[i]` is the
+        content part item i came from."""
         if error.status >= 500 or error.param is not None:
+            return error
+        item = _MEDIA_ITEM.match(error.message)
+        if item and int(item.group(1)) < len(self.media):
+            part = self.media[int(item.group(1))].part
+            error.message = part + error.message[item.end() :]
+            error.param = part
             return error
         match = _LEADING_NAME.match(error.message)
         param = _PARAMS.get(match.group(1)) if match else None

@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from frontend.engine_client.request import Job
-from frontend.engine_client.triton import ENSEMBLE, PREPROCESSING, tensors
+from frontend.engine_client.triton import ENSEMBLE, MULTIMODAL_ENCODER, PREPROCESSING, tensors
 from frontend.errors import APIError
 from frontend.ops.context import SequenceTracker
 
@@ -294,7 +294,15 @@ class Prompt:
 
 
 async def prompt_tokens(triton: Triton, job: Job) -> Prompt:
-    out = await triton.infer(PREPROCESSING, tensors(PREPROCESSING, **job.prompt_inputs()))
+    inputs = tensors(PREPROCESSING, **job.prompt_inputs())
+    try:
+        if job.media:  # the media's positions count: their rows per item come from the encoder
+            media = job.media_inputs()
+            encoded = await triton.infer(MULTIMODAL_ENCODER, media)
+            inputs |= {"media_rows": encoded["media_rows"], "media_kinds": media["media_kinds"]}
+        out = await triton.infer(PREPROCESSING, inputs)
+    except APIError as error:
+        raise job.named(error) from None
     texts = out.get("input_token_texts", np.array([], dtype=object)).reshape(-1)
     return Prompt(
         ids=[int(i) for i in out["input_ids"].reshape(-1)],

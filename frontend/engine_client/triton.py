@@ -36,7 +36,8 @@ from tritonlm.serving.contract import NUMPY_DTYPES, Tensor
 ENSEMBLE = "ensemble"
 PREPROCESSING = "preprocessing"
 EMBEDDING = "embedding"
-MODELS = (ENSEMBLE, PREPROCESSING, "engine", "postprocessing", EMBEDDING)
+MULTIMODAL_ENCODER = contract.MULTIMODAL_ENCODER
+MODELS = (ENSEMBLE, PREPROCESSING, "engine", "postprocessing", EMBEDDING, MULTIMODAL_ENCODER)
 
 # Inputs of each model we may call, by name: the contract decides every datatype.
 INPUTS: dict[str, dict[str, Tensor]] = {
@@ -45,6 +46,7 @@ INPUTS: dict[str, dict[str, Tensor]] = {
     "engine": contract.by_name(contract.ENGINE_INPUTS),
     "postprocessing": contract.by_name(contract.POSTPROCESSING_INPUTS),
     EMBEDDING: contract.by_name(contract.EMBEDDING_INPUTS),
+    MULTIMODAL_ENCODER: contract.by_name(contract.ENCODER_INPUTS),
 }
 
 _FINAL = "triton_final_response"

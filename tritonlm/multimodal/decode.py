@@ -7,13 +7,14 @@ import warnings
 
 import av
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageOps
 
 from tritonlm.multimodal.limits import MediaError, MediaLimits
 
 
 def decode_image(data: bytes, limits: MediaLimits, part: str) -> Image.Image:
-    """An RGB image; bytes that are not an image, or one over max_image_pixels, are refused."""
+    """An RGB image, upright as its EXIF orientation says; bytes that are not an image, or one over
+    max_image_pixels, are refused."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -22,7 +23,8 @@ def decode_image(data: bytes, limits: MediaLimits, part: str) -> Image.Image:
             if width * height > limits.max_image_pixels:
                 limit = limits.max_image_pixels
                 raise MediaError(part, f"the image has {width}x{height} pixels, over {limit}")
-            return image.convert("RGB")
+            # As transformers' load_image: the EXIF orientation applied (a phone's portrait JPEG).
+            return ImageOps.exif_transpose(image).convert("RGB")
     except MediaError:
         raise
     except (OSError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:

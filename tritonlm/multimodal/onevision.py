@@ -142,21 +142,21 @@ def image_rows(
     config = model.config
     inputs = processor.image_inputs(image, images_in_prompt)
     out = model.model.get_image_features(
-        inputs["pixel_values"].to(model.dtype),
-        inputs["image_sizes"],
+        inputs["pixel_values"].to(model.device, model.dtype),
+        inputs["image_sizes"].to(model.device),
         vision_feature_layer=config.vision_feature_layer,
         vision_feature_select_strategy=config.vision_feature_select_strategy,
         batch_num_images=inputs["batch_num_images"],
     )
-    return out.pooler_output[0]
+    return out.pooler_output[0].cpu()
 
 
 def video_rows(model, processor: OnevisionProcessor, frames: list[Image.Image]) -> torch.Tensor:
     """[rows, hidden]: every frame's features pooled 2x, then one newline row, as the forward does."""
     config = model.config
     out = model.model.get_video_features(
-        processor.video_inputs(frames).to(model.dtype),
+        processor.video_inputs(frames).to(model.device, model.dtype),
         vision_feature_layer=config.vision_feature_layer,
         vision_feature_select_strategy=config.vision_feature_select_strategy,
     )
-    return out.pooler_output.flatten(0, 1)
+    return out.pooler_output.flatten(0, 1).cpu()

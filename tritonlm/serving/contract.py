@@ -22,6 +22,10 @@ class Tensor:
     dims: tuple[int, ...]
     optional: bool = True
     default: object = None  # value used when an optional input is absent (None: absent means "off")
+    # Batched models only: requests whose shapes differ may share an execute call (allow_ragged_batch).
+    ragged: bool = False
+    # Batched models only: the shape the model sees (Triton's reshape), e.g. () for a [1] input.
+    reshape: tuple[int, ...] | None = None
 
 
 NUMPY_DTYPES: dict[str, type] = {
@@ -36,8 +40,8 @@ NUMPY_DTYPES: dict[str, type] = {
 
 
 # The Triton models of model_repository/.
-PREPROCESSING, ENGINE, POSTPROCESSING, ENSEMBLE, EMBEDDING = (
-    "preprocessing", "engine", "postprocessing", "ensemble", "embedding"
+PREPROCESSING, ENGINE, POSTPROCESSING, ENSEMBLE, EMBEDDING, MULTIMODAL_ENCODER = (
+    "preprocessing", "engine", "postprocessing", "ensemble", "embedding", "multimodal_encoder"
 )  # fmt: skip
 
 
@@ -74,7 +78,9 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     Tensor("stop_strings", "BYTES", (-1,)),
     # P-tuning / prompt tables: input ids >= the model's vocab size select row id - vocab_size of
     # the table ([1, P, hidden]) instead of a token embedding; prompt_vocab_size (default P) bounds them.
-    Tensor("prompt_embedding_table", "FP16", (1, -1, -1)),
+    # FP32 whatever the model's dtype (TensorRT-LLM: FP16): exact for every model, so media rows keep
+    # transformers' greedy output (FP16 rounding of the tiny Llava's image rows changed it).
+    Tensor("prompt_embedding_table", "FP32", (1, -1, -1)),
     _scalar("prompt_vocab_size", "INT32"),
     # LoRA (tritonlm/lora): TensorRT-LLM's task-id cache. lora_weights is FP32 whatever the model's
     # dtype (exact for every model; converted to the model's dtype once, when cached): rows of
@@ -191,6 +197,14 @@ PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
     # P-tuning's virtual prompt: prepend ids vocab_size .. vocab_size + N - 1 (the model's vocab
     # size), i.e. the first N rows of the engine's prompt_embedding_table.
     _scalar("virtual_tokens", "INT32", 0),
+    # Multimodal models. TGI's list `inputs`: a JSON list of {"type": "text", "text": ...} and
+    # {"type": "image" | "video" | "audio"} parts, rendered without a chat template (each media part
+    # becomes the processor's placeholder text); instead of text_input and chat_messages.
+    Tensor("prompt_parts", "BYTES", (1,)),
+    # multimodal_encoder's rows per media item: the k-th placeholder in the prompt becomes
+    # media_rows[k] table ids, after the virtual_tokens rows; media_kinds (optional) checks the order.
+    Tensor("media_rows", "INT32", (1, -1)),
+    Tensor("media_kinds", "BYTES", (1, -1)),
 )
 
 PREPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
@@ -255,12 +269,51 @@ POSTPROCESSING_OUTPUTS: tuple[Tensor, ...] = (
 )
 
 # ---------------------------------------------------------------------------------------------
+# multimodal_encoder: media files -> prompt-table rows (tritonlm/multimodal/service.py). Batched
+# (dynamic batching; dims leave out the batch dimension, each request is a batch of one): the items
+# of the requests gathered in one execute call go through one forward pass per kind; a request
+# with a bad item fails alone.
+ENCODER_INPUTS: tuple[Tensor, ...] = (
+    Tensor("media", "BYTES", (-1,), ragged=True),  # one file's bytes per item ([1, items])
+    Tensor("media_kinds", "BYTES", (-1,), ragged=True),  # per item: "image", "video" or "audio"
+    # The client's own rows ([1, P, hidden]), passed on first; with media they must be exactly the
+    # virtual_tokens rows, because preprocessing numbers the media rows from there.
+    Tensor("prompt_embedding_table", "FP32", (-1, -1), ragged=True),
+    Tensor("virtual_tokens", "INT32", (1,), reshape=()),
+    # Not read: Triton's batcher sizes a request by its inputs, and a text-only request through the
+    # ensemble has no media and no table, so the prompt inputs go to the encoder too (whichever the
+    # request has) to give it one.
+    Tensor("text_input", "BYTES", (1,), reshape=()),
+    Tensor("chat_messages", "BYTES", (1,), reshape=()),
+    Tensor("prompt_parts", "BYTES", (1,), reshape=()),
+)
+ENCODER_ANCHORS: tuple[str, ...] = ("text_input", "chat_messages", "prompt_parts")
+
+# Without media, only the client's table (if any) comes back and media_rows is absent.
+ENCODER_OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("prompt_embedding_table", "FP32", (-1, -1)),  # [1, P, hidden]: client rows, then each item's
+    Tensor("media_rows", "INT32", (-1,)),  # [1, items]: rows per item, in order
+)
+# Requests per execute call (their items share the forward passes).
+ENCODER_MAX_BATCH_SIZE = 8
+# Where the encoder's outputs go in the ensemble.
+ENCODER_OUTPUT_TARGETS: dict[str, str] = {
+    "prompt_embedding_table": "engine.prompt_embedding_table",
+    "media_rows": "preprocessing.media_rows",
+}
+
+# ---------------------------------------------------------------------------------------------
 # ensemble: what HTTP frontends and raw-text gRPC clients call: (input, "step.tensor" targets).
 # Only preprocessing and engine can take ensemble inputs: Triton feeds the step after a decoupled
 # model from that model's outputs alone.
 ENSEMBLE_INPUTS: tuple[tuple[Tensor, str], ...] = (
-    (Tensor("text_input", "BYTES", (1,)), "preprocessing.text_input"),  # or chat_messages
-    (Tensor("chat_messages", "BYTES", (1,)), "preprocessing.chat_messages"),
+    # The prompt: text_input, chat_messages or prompt_parts.
+    (Tensor("text_input", "BYTES", (1,)), "preprocessing.text_input multimodal_encoder.text_input"),
+    (Tensor("chat_messages", "BYTES", (1,)), "preprocessing.chat_messages multimodal_encoder.chat_messages"),
+    (Tensor("prompt_parts", "BYTES", (1,)), "preprocessing.prompt_parts multimodal_encoder.prompt_parts"),
+    # Media items ([1, items]): their rows follow the client's prompt_embedding_table rows.
+    (Tensor("media", "BYTES", (1, -1)), "multimodal_encoder.media"),
+    (Tensor("media_kinds", "BYTES", (1, -1)), "multimodal_encoder.media_kinds preprocessing.media_kinds"),
     (Tensor("chat_template_kwargs", "BYTES", (1,)), "preprocessing.chat_template_kwargs"),
     (Tensor("chat_tools", "BYTES", (1,)), "preprocessing.chat_tools"),
     (Tensor("max_tokens", "INT32", (1,)), "preprocessing.max_tokens"),
@@ -300,9 +353,10 @@ ENSEMBLE_INPUTS: tuple[tuple[Tensor, str], ...] = (
     (_scalar("include_stop_str_in_output", "BOOL"), "engine.include_stop_str_in_output"),
     (_scalar("guided_decoding_guide_type", "BYTES"), "engine.guided_decoding_guide_type"),
     (_scalar("guided_decoding_guide", "BYTES"), "engine.guided_decoding_guide"),
-    (Tensor("prompt_embedding_table", "FP16", (1, -1, -1)), "engine.prompt_embedding_table"),
+    # The client's table reaches the engine through the encoder (which appends the media rows).
+    (Tensor("prompt_embedding_table", "FP32", (1, -1, -1)), "multimodal_encoder.prompt_embedding_table"),
     (_scalar("prompt_vocab_size", "INT32"), "engine.prompt_vocab_size"),
-    (_scalar("virtual_tokens", "INT32"), "preprocessing.virtual_tokens"),
+    (_scalar("virtual_tokens", "INT32"), "preprocessing.virtual_tokens multimodal_encoder.virtual_tokens"),
     (Tensor("draft_input_ids", "INT32", (-1,)), "engine.draft_input_ids"),
     (Tensor("draft_logits", "FP32", (-1, -1)), "engine.draft_logits"),
     (_scalar("draft_acceptance_threshold", "FP32"), "engine.draft_acceptance_threshold"),

@@ -49,8 +49,13 @@ def _tensor_block(kind: str, tensors: tuple[Tensor, ...]) -> str:
             f"    data_type: TYPE_{_CONFIG_TYPE.get(t.dtype, t.dtype)}",
             f"    dims: [ {_dims(t.dims)} ]",
         ]
+        if t.reshape is not None:
+            shape = f"[ {_dims(t.reshape)} ]" if t.reshape else "[ ]"
+            lines.append(f"    reshape: {{ shape: {shape} }}")
         if kind == "input" and t.optional:
             lines.append("    optional: true")
+        if kind == "input" and t.ragged:
+            lines.append("    allow_ragged_batch: true")
         entries.append("  {\n" + "\n".join(lines) + "\n  }")
     return f"{kind} [\n" + ",\n".join(entries) + "\n]\n"
 
@@ -86,12 +91,17 @@ def _step(model: str, input_map: dict[str, str], output_map: dict[str, str]) -> 
 
 
 def ensemble_steps() -> dict[str, tuple[dict[str, str], dict[str, str]]]:
-    """For each step model: (its input -> ensemble tensor, its output -> ensemble tensor)."""
-    inputs: dict[str, dict[str, str]] = {"preprocessing": {}, "engine": {}, "postprocessing": {}}
+    """For each step model, in order: (its input -> ensemble tensor, its output -> ensemble tensor)."""
+    encoder = contract.MULTIMODAL_ENCODER
+    inputs: dict[str, dict[str, str]] = {encoder: {}, "preprocessing": {}, "engine": {}, "postprocessing": {}}
     for tensor, targets in contract.ENSEMBLE_INPUTS:
         for target in targets.split():
             step, name = target.split(".")
             inputs[step][name] = tensor.name
+    encoder_out = {name: f"_encoder_{name}" for name in contract.ENCODER_OUTPUT_TARGETS}
+    for name, target in contract.ENCODER_OUTPUT_TARGETS.items():
+        step, input_name = target.split(".")
+        inputs[step][input_name] = encoder_out[name]
     pre_out = {
         t.name: f"_pre_{t.name}" for t in contract.PREPROCESSING_OUTPUTS if t.name != "input_token_texts"
     }
@@ -102,6 +112,7 @@ def ensemble_steps() -> dict[str, tuple[dict[str, str], dict[str, str]]]:
         inputs["postprocessing"][out] = internal
     post_out = {t.name: t.name.removeprefix("out_") for t in contract.POSTPROCESSING_OUTPUTS}
     return {
+        encoder: (inputs[encoder], encoder_out),
         "preprocessing": (inputs["preprocessing"], pre_out),
         "engine": (inputs["engine"], engine_out),
         "postprocessing": (inputs["postprocessing"], post_out),
@@ -138,6 +149,15 @@ def render() -> dict[str, str]:
             contract.POSTPROCESSING_OUTPUTS,
             decoupled=False,
             params={"model_dir": ""},
+        ),
+        contract.MULTIMODAL_ENCODER: _python_model(
+            contract.MULTIMODAL_ENCODER,
+            contract.ENCODER_INPUTS,
+            contract.ENCODER_OUTPUTS,
+            decoupled=False,
+            # Empty: the engine's model_dir (its settings), as preprocessing reads it.
+            params={"model_dir": ""},
+            max_batch_size=contract.ENCODER_MAX_BATCH_SIZE,
         ),
         "ensemble": ensemble,
         "embedding": _python_model(

@@ -61,6 +61,15 @@ def error_response(error: Exception) -> pb_utils.InferenceResponse:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{error!r}", pb_utils.TritonError.INTERNAL))
 
 
+def response(result: dict[str, np.ndarray] | Exception) -> pb_utils.InferenceResponse:
+    """A response with these outputs, or the error response of this exception."""
+    if isinstance(result, Exception):
+        return error_response(result)
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(name, value) for name, value in result.items()]
+    )
+
+
 def respond_each(
     requests: list,
     inputs: tuple[Tensor, ...],

@@ -1,6 +1,9 @@
 """Preprocessing, Triton-free: one request's text inputs -> the engine's token inputs (numpy in and out).
 
-A prompt is `text_input`, or `chat_messages` rendered with the tokenizer's chat template. The
+A prompt is `text_input`, `chat_messages` rendered with the tokenizer's chat template, or
+`prompt_parts` (TGI's list of text and media parts, rendered without a template). On a multimodal
+model each media item's placeholder token becomes its `media_rows` table ids (TensorRT-LLM's
+multimodal convention: the engine reads those positions from the prompt table). The
 `stop_words` strings stay text (`stop_strings`: the engine looks for them in the output text); the
 `stop_token_ids` and, unless `ignore_eos`, the extra EOS ids of generation_config.json (a chat
 model's end-of-turn token) become one-token words of `stop_words_list`.
@@ -16,6 +19,8 @@ import jinja2
 import numpy as np
 
 from tritonlm.errors import InvalidRequest
+from tritonlm.multimodal.architectures import Placeholder
+from tritonlm.multimodal.placeholders import expand_media
 from tritonlm.serving import contract
 from tritonlm.text import chat_format
 from tritonlm.text.tokenization import encode_prompt, ids_to_list, render_chat, token_texts, words_to_list
@@ -78,9 +83,10 @@ def _json(inputs: Mapping[str, np.ndarray | None], name: str) -> Any | None:
         raise InvalidRequest(f"{name} must be JSON ({e.msg} at character {e.pos})") from None
 
 
-def _message_text(content: Any, where: str) -> str | None:
-    """A message's content as one string: a list of text parts is joined with newlines (what
-    text-only chat templates expect); other part types need a multimodal model."""
+def _message_text(content: Any, where: str, media_kinds: tuple[str, ...] = ()) -> str | list | None:
+    """A message's content for the template: a list of text parts is joined with newlines (what
+    text-only chat templates expect); a list with media parts ({"type": kind}, a kind the model
+    takes) stays a list, for a multimodal model's template to put the placeholders in."""
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -88,17 +94,27 @@ def _message_text(content: Any, where: str) -> str | None:
     texts = []
     for i, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind in media_kinds:
+            continue
         if kind != "text" or not isinstance(part.get("text"), str):
+            if media_kinds:
+                raise InvalidRequest(
+                    f"{where}.content[{i}]: content parts must be text or {', '.join(media_kinds)} "
+                    f"for this model, got type {kind!r}"
+                )
             raise InvalidRequest(
                 f"{where}.content[{i}]: this model is text-only; content parts must be "
                 f'{{"type": "text", "text": "..."}}, got type {kind!r}'
             )
         texts.append(part["text"])
+    if len(texts) < len(content):
+        return content
     return "\n".join(texts)
 
 
-def chat_messages(value: Any) -> list[dict[str, Any]]:
-    """The messages for the chat template, checked for what every template relies on."""
+def chat_messages(value: Any, media_kinds: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The messages for the chat template, checked for what every template relies on; content
+    parts of `media_kinds` (the model's) are kept for the template."""
     if not isinstance(value, list) or not value:
         raise InvalidRequest("chat_messages must be a non-empty JSON list of messages")
     messages = []
@@ -108,13 +124,32 @@ def chat_messages(value: Any) -> list[dict[str, Any]]:
             raise InvalidRequest(f"{where} must be a JSON object")
         if message.get("role") not in _ROLES:
             raise InvalidRequest(f"{where}.role must be one of {', '.join(_ROLES)}")
-        messages.append({**message, "content": _message_text(message.get("content"), where)})
+        messages.append({**message, "content": _message_text(message.get("content"), where, media_kinds)})
     return messages
+
+
+def render_parts(value: Any, placeholders: Mapping[str, Placeholder]) -> str:
+    """TGI's list `inputs` as one prompt, without a chat template: the texts in order, each media
+    part replaced by its kind's placeholder text (the processor's own)."""
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest("prompt_parts must be a non-empty JSON list of parts")
+    pieces = []
+    for i, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            pieces.append(part["text"])
+        elif kind in placeholders:
+            pieces.append(placeholders[kind].text)
+        else:
+            allowed = ", ".join(["text", *placeholders])
+            raise InvalidRequest(f"prompt_parts[{i}]: expected a part of type {allowed}, got {kind!r}")
+    return "".join(pieces)
 
 
 class Preprocessor:
     """Validates and tokenizes requests for one tokenizer.
 
+    `placeholders`: a multimodal model's media kinds and their placeholders (none: text-only).
     `max_seq_len`: the engine's limit on prompt + new tokens (None: unknown, then `max_tokens` is
     required and the engine alone checks the limit). `extra_eos_ids`: generation_config.json's EOS
     ids; those other than the tokenizer's EOS stop generation unless `ignore_eos`.
@@ -126,12 +161,19 @@ class Preprocessor:
         max_seq_len: int | None = None,
         extra_eos_ids: Sequence[int] = (),
         model_vocab_size: int | None = None,
+        placeholders: Mapping[str, Placeholder] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
         # The model's vocab size (config.json), where prompt-table ids start (`virtual_tokens`).
         self.model_vocab_size = model_vocab_size or self.vocab_size
         self.max_seq_len = max_seq_len
+        # A multimodal model's media: kind -> placeholder, and the placeholder token ids -> kind.
+        self.placeholders = dict(placeholders or {})
+        self.media_kinds = tuple(self.placeholders)
+        self.placeholder_kinds = {
+            int(tokenizer.convert_tokens_to_ids(p.token)): kind for kind, p in self.placeholders.items()
+        }
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
         self.default_end_id = -1 if eos is None else int(eos)  # -1: the engine stops on length only
         self.default_pad_id = int(pad) if pad is not None else max(self.default_end_id, 0)
@@ -184,33 +226,68 @@ class Preprocessor:
         return [t if i < self.vocab_size else "" for i, t in zip(ids, texts, strict=True)]
 
     def _prompt_ids(self, inputs: Mapping[str, np.ndarray | None], virtual: int = 0) -> list[int]:
-        """The prompt's token ids; none when only virtual tokens are given (embeddings alone)."""
+        """The prompt's token ids, media placeholders expanded (table ids numbered after the
+        `virtual` rows); none when only virtual tokens are given (embeddings alone)."""
         raw = scalar(inputs, "text_input")
         messages = _json(inputs, "chat_messages")
+        parts = _json(inputs, "prompt_parts")
         truncate = self._int(inputs, "truncate", low=1)
-        if raw is not None and messages is not None:
-            raise InvalidRequest("give text_input or chat_messages, not both")
-        if messages is not None:
-            ids = encode_prompt(
-                self.tokenizer, self._render(inputs, messages), truncate, add_special_tokens=False
+        prompts = {"text_input": raw, "chat_messages": messages, "prompt_parts": parts}
+        given = [name for name, value in prompts.items() if value is not None]
+        if len(given) > 1:
+            raise InvalidRequest(
+                f"give one of text_input, chat_messages and prompt_parts, not both {given[0]} and {given[1]}"
             )
+        if messages is not None:
+            ids = encode_prompt(self.tokenizer, self._render(inputs, messages), add_special_tokens=False)
             name = "chat_messages"
+        elif parts is not None:
+            ids = encode_prompt(self.tokenizer, render_parts(parts, self.placeholders))
+            name = "prompt_parts"
         else:
             if raw is None and virtual:
                 return []
             if raw is None:
-                raise InvalidRequest("text_input is required (or chat_messages, or virtual_tokens)")
+                raise InvalidRequest(
+                    "text_input is required (or chat_messages, prompt_parts, or virtual_tokens)"
+                )
             text = as_text(raw, "text_input")
             if not text:
                 raise InvalidRequest("text_input must not be empty")
-            ids = encode_prompt(self.tokenizer, text, truncate)
+            ids = encode_prompt(self.tokenizer, text)
             name = "text_input"
         if not ids:
             raise InvalidRequest(f"{name} must encode to at least 1 token")
+        ids = self._expand_media(inputs, ids, name, self.model_vocab_size + virtual)
+        if truncate is not None and len(ids) > truncate:
+            # TGI's truncate keeps the prompt's end; cutting into an item's rows would feed half of it.
+            if any(i >= self.model_vocab_size for i in ids[: len(ids) - truncate]):
+                raise InvalidRequest(f"truncate: keeping the last {truncate} tokens would cut a media item")
+            ids = ids[len(ids) - truncate :]
         return ids
 
+    def _expand_media(
+        self, inputs: Mapping[str, np.ndarray | None], ids: list[int], name: str, first_id: int
+    ) -> list[int]:
+        """Each media item's placeholder token -> its media_rows[k] table ids, from `first_id` on."""
+        rows_in = inputs.get("media_rows")
+        rows = [] if rows_in is None else [int(r) for r in np.asarray(rows_in).reshape(-1)]
+        kinds = None if inputs.get("media_kinds") is None else strings(inputs, "media_kinds")
+        if not self.placeholders:
+            if rows:
+                raise InvalidRequest("media_rows: this model is text-only; it takes no media")
+            return ids
+        if any(r < 1 for r in rows):
+            raise InvalidRequest(f"media_rows must be >= 1 per item, got {rows}")
+        if kinds is not None and len(kinds) != len(rows):
+            raise InvalidRequest(f"media_kinds has {len(kinds)} entries for {len(rows)} media_rows")
+        try:
+            return expand_media(ids, self.placeholder_kinds, rows, first_id, kinds)
+        except ValueError as error:
+            raise InvalidRequest(f"{name}: {error}") from None
+
     def _render(self, inputs: Mapping[str, np.ndarray | None], value: Any) -> str:
-        messages = chat_messages(value)
+        messages = chat_messages(value, self.media_kinds)
         kwargs = _json(inputs, "chat_template_kwargs")
         if kwargs is None:
             kwargs = {}
@@ -241,6 +318,11 @@ class Preprocessor:
             if not truncate_to_fit:
                 raise InvalidRequest(
                     f"input_ids: the prompt has {len(ids)} tokens; this model accepts at most {limit - 1}"
+                )
+            if any(i >= self.model_vocab_size for i in ids[: len(ids) - (limit - 1)]):
+                raise InvalidRequest(
+                    f"input_ids: the prompt has {len(ids)} tokens, over {limit - 1}, and cutting it to fit "
+                    "would cut its media or virtual tokens"
                 )
             ids = ids[len(ids) - (limit - 1) :]
         room = limit - len(ids)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tritonlm.config import checkpoint_vocab_size
+from tritonlm.multimodal.architectures import placeholders
 from tritonlm.serving import contract, stub_process, triton_glue
 from tritonlm.text.preprocess import Preprocessor
 from tritonlm.text.tokenization import generation_eos_ids, load_tokenizer
@@ -19,6 +20,7 @@ class TritonPythonModel:
             max_seq_len=engine.max_seq_len,
             extra_eos_ids=generation_eos_ids(model_dir),
             model_vocab_size=checkpoint_vocab_size(model_dir),
+            placeholders=placeholders(model_dir),
         )
 
     def execute(self, requests: list) -> list:
