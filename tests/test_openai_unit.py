@@ -446,10 +446,10 @@ def test_prompt_embeds_decoding_is_bounded_and_safe(monkeypatch, tmp_path):
         prompt_embeds.decode_all(b64({"x": Evil()}))
     assert not (tmp_path / "pwned").exists()
     (rows,) = prompt_embeds.decode_all(b64(torch.ones(1, 3, 8)))  # an embedding layer's output
-    assert rows.shape == (3, 8) and rows.dtype == np.float16
+    assert rows.shape == (3, 8) and rows.dtype == np.float32
     # An expanded tensor's payload is small, its values are not: bounded by the count of values.
     monkeypatch.setattr(prompt_embeds, "MAX_EMBEDS_BYTES", 4096)
-    with pytest.raises(prompt_embeds.BadEmbeds, match="at most 2048 values"):
+    with pytest.raises(prompt_embeds.BadEmbeds, match="at most 1024 values"):
         prompt_embeds.decode_all(b64(torch.ones(1, 8).expand(1000, 8)))
     with pytest.raises(prompt_embeds.BadEmbeds, match="at most 4096 bytes"):
         prompt_embeds.decode_all(b64(torch.ones(2000, 8)))

@@ -1,7 +1,7 @@
 """vLLM's `prompt_embeds` on `POST /v1/completions`: a base64 string of a `torch.save`d float tensor
 [P, hidden] or [1, P, hidden] (or a list of them, one prompt each), fed to the model as P input
 embeddings before the prompt's tokens. Each becomes the engine's `prompt_embedding_table`
-[1, P, hidden] (FP16) with `virtual_tokens` P, so it takes the prompt-table path (README "Prompt
+[1, P, hidden] (FP32) with `virtual_tokens` P, so it takes the prompt-table path (README "Prompt
 tables"). With `prompt` too, the rows prefix the prompt, as p-tuning's virtual tokens do (vLLM
 instead answers the two as separate prompts, the embeddings' first).
 
@@ -28,7 +28,7 @@ class BadEmbeds(ValueError):
 
 
 def decode_all(value: Any) -> list[np.ndarray]:
-    """A base64 string or a non-empty list of them -> FP16 arrays [P, hidden], one per prompt."""
+    """A base64 string or a non-empty list of them -> FP32 arrays [P, hidden], one per prompt."""
     items = value if isinstance(value, list) else [value]
     if not items or not all(isinstance(item, str) and item for item in items):
         raise BadEmbeds("must be a base64 string or a non-empty list of base64 strings")
@@ -60,9 +60,9 @@ def _decode(text: str, index: int | None) -> np.ndarray:
     if tensor.dim() != 2 or tensor.shape[0] < 1 or tensor.shape[1] < 1:
         raise BadEmbeds(f"{where}must have shape [tokens, hidden size], got {list(tensor.shape)}")
     # Strides may repeat a small storage (expand), so the payload's size does not bound the tensor's.
-    if tensor.numel() * 2 > MAX_EMBEDS_BYTES:
-        raise BadEmbeds(f"{where}must have at most {MAX_EMBEDS_BYTES // 2} values")
+    if tensor.numel() * 4 > MAX_EMBEDS_BYTES:
+        raise BadEmbeds(f"{where}must have at most {MAX_EMBEDS_BYTES // 4} values")
     if not bool(torch.isfinite(tensor).all()):
         raise BadEmbeds(f"{where}values must be finite")
-    # The engine's table is FP16 (TensorRT-LLM's type); values beyond its range become inf there.
-    return tensor.detach().to(torch.float16).contiguous().numpy()
+    # The engine's table is FP32 (exact for every dtype a client sends; README "Prompt tables").
+    return tensor.detach().to(torch.float32).contiguous().numpy()
