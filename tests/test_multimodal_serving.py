@@ -342,7 +342,8 @@ def test_encoder_service_batches_requests_and_fails_only_the_bad_one(built):
 
 
 def test_encoder_service_limits_and_kinds(built, model_dir):
-    service = EncoderService(built["llava"], MediaLimits(max_items=2, max_image_bytes=10_000))
+    limits = MediaLimits(max_items=2, max_image_bytes=10_000, max_chat_image_bytes=10_000)
+    service = EncoderService(built["llava"], limits)
     too_many, too_big, wrong_kind, unknown = service.process(
         [
             media_values("image", [png(1)] * 3),
