@@ -101,3 +101,51 @@ def running_servers(model_dir: Path, settings: dict[str, str]) -> Iterator[Serve
 def servers(model_dir: Path) -> Iterator[Servers]:
     with running_servers(model_dir, {"TRITONLM_MAX_QUEUE_SIZE": str(MAX_QUEUE_SIZE)}) as started:
         yield started
+
+
+# The multimodal servers' settings: local media from MULTIMODAL_MEDIA (a session directory the tests
+# write into), 4 frames per video, room for media positions.
+MULTIMODAL_VIDEO_FRAMES = 4
+
+
+@pytest.fixture(scope="session")
+def multimodal_media(tmp_path_factory) -> Path:
+    """The one directory the multimodal servers take local media from (ALLOWED_LOCAL_MEDIA_PATH)."""
+    return tmp_path_factory.mktemp("allowed-media")
+
+
+@pytest.fixture(scope="session")
+def multimodal_checkpoints(tmp_path_factory):
+    """kind -> a tiny checkpoint directory (llava, llava_onevision, qwen2_audio), built at first use."""
+    from tritonlm.multimodal import checkpoints
+
+    root = tmp_path_factory.mktemp("mm-checkpoints")
+    built: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in built:
+            built[kind] = checkpoints.generate(root / kind, kind)
+        return built[kind]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def multimodal_servers(multimodal_checkpoints, multimodal_media) -> Iterator:
+    """kind -> Servers serving that tiny checkpoint: one server per kind for the whole session,
+    started at first use, so the multimodal test modules share them."""
+    settings = {
+        "ALLOWED_LOCAL_MEDIA_PATH": str(multimodal_media),
+        "MEDIA_VIDEO_FRAMES": str(MULTIMODAL_VIDEO_FRAMES),
+        "TRITONLM_MAX_SEQ_LEN": "1024",
+    }
+    started: dict[str, Servers] = {}
+    with contextlib.ExitStack() as stack:
+
+        def get(kind: str) -> Servers:
+            if kind not in started:
+                model_dir = multimodal_checkpoints(kind)
+                started[kind] = stack.enter_context(running_servers(model_dir, settings))
+            return started[kind]
+
+        yield get

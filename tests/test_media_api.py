@@ -9,8 +9,6 @@ import base64
 import http.server
 import io
 import os
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +17,7 @@ from unittest import mock
 
 import httpx
 import pytest
-from conftest import free_port, running_servers
+from conftest import free_port
 from PIL import Image
 
 from tritonlm import launcher
@@ -86,15 +84,8 @@ def media(tmp_path_factory) -> Iterator[Media]:
 
 
 @pytest.fixture(scope="module")
-def llava_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("llava") / "llava"
-    subprocess.run(
-        [sys.executable, "-m", "tritonlm.multimodal.checkpoints", str(out), "llava"],
-        check=True,
-        cwd=launcher.ROOT,
-        capture_output=True,
-    )
-    return out
+def llava_dir(multimodal_checkpoints) -> Path:
+    return multimodal_checkpoints("llava")
 
 
 def media_env(media: Media) -> dict[str, str]:
@@ -258,19 +249,14 @@ def test_malformed_parts_name_the_field(frontends, api):
 
 # ---------------------------------------------------------------------------------------------
 # Requests that pass: a real tritonserver serving the Llava checkpoint. Fidelity per source, audio,
-# video, batching and usage: tests/test_multimodal_serving.py; here, every API's route and shape.
-
-
-@pytest.fixture(scope="module")
-def llava_servers(llava_dir: Path, media: Media):
-    with running_servers(llava_dir, media_env(media) | {"MEDIA_MAX_IMAGE_BYTES": str(20 * 1024 * 1024)}) as s:
-        yield s
+# video, batching and usage: tests/test_multimodal_http.py; here, every API's route and shape.
 
 
 @pytest.mark.parametrize("api", APIS)
-def test_every_api_generates_with_an_image(llava_servers, media, api):
+def test_every_api_generates_with_an_image(multimodal_servers, api):
+    llava_servers = multimodal_servers("llava")  # conftest's: shared with the other multimodal tests
     path, body = API_PATHS[api]
-    request = body({"type": "image_url", "image_url": str(media.image)})
+    request = body({"type": "image_url", "image_url": data_url(png_bytes())})
     if api == "tgi":
         request["parameters"] = {"max_new_tokens": 4, "details": True, "decoder_input_details": True}
     else:

@@ -1,9 +1,10 @@
-"""Multimodal requests end to end: a real tritonserver (multimodal_encoder, preprocessing, engine)
-and frontend serving the tiny checkpoints. For images and audio the served greedy output equals
-transformers `generate` of the same checkpoint with its processor, token for token, whether the media
-come as a data URL, a local path under ALLOWED_LOCAL_MEDIA_PATH or an http URL (a loopback server
-here); video runs end to end with the documented frame count; media and text requests share batches;
-`usage.prompt_tokens` counts the media positions."""
+"""Multimodal requests through the HTTP APIs, end to end (conftest's multimodal_servers: tritonserver
+with multimodal_encoder, preprocessing and the engine, plus the frontend). For images and audio the
+served greedy output equals transformers `generate` with the checkpoint's processor, token for token,
+whether the media come as a data URL, a local path under ALLOWED_LOCAL_MEDIA_PATH or an http URL (a
+loopback server here); video runs end to end with the configured frame count; media and text
+requests share batches; the prefix cache reuses a re-sent image's blocks; `usage.prompt_tokens`
+counts the media positions."""
 
 from __future__ import annotations
 
@@ -11,90 +12,27 @@ import base64
 import concurrent.futures
 import functools
 import http.server
-import io
 import threading
 from pathlib import Path
 
-import av
 import httpx
-import numpy as np
 import pytest
-import soundfile
-import torch
-from conftest import running_servers
-from PIL import Image
-from transformers import AutoProcessor, AutoTokenizer
+from conftest import MULTIMODAL_VIDEO_FRAMES
+from transformers import AutoTokenizer
 
-from tritonlm.multimodal import checkpoints
-from tritonlm.multimodal.architectures import architecture
-from tritonlm.multimodal.decode import decode_audio
-from tritonlm.multimodal.encoder import MODEL_CLASSES
-from tritonlm.multimodal.limits import MediaLimits
+from tests.multimodal_helpers import Reference, data_url, mp4, png, wav
 
 NEW_TOKENS = 8
-VIDEO_FRAMES = 4
 TIMEOUT = 120
 
 
-def png(color: tuple[int, int, int], size=(40, 30)) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("RGB", size, color).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def wav(seconds: float, hz: float, rate: int = 16000) -> bytes:
-    t = np.arange(int(seconds * rate)) / rate
-    buffer = io.BytesIO()
-    soundfile.write(buffer, (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32), rate, format="WAV")
-    return buffer.getvalue()
-
-
-def mp4(frames: int = 10) -> bytes:
-    buffer = io.BytesIO()
-    with av.open(buffer, "w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=5)
-        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
-        for i in range(frames):
-            image = Image.new("RGB", (64, 48), (20 * i, 255 - 20 * i, 90))
-            container.mux(stream.encode(av.VideoFrame.from_image(image)))
-        container.mux(stream.encode(None))
-    return buffer.getvalue()
-
-
-def data_url(data: bytes, mime: str) -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
-
-
-class Reference:
-    """transformers' own greedy answer: the checkpoint's class and processor, float32."""
-
-    def __init__(self, model_dir: Path) -> None:
-        self.model = (
-            MODEL_CLASSES[architecture(model_dir)].from_pretrained(model_dir, dtype=torch.float32).eval()
-        )
-        self.processor = AutoProcessor.from_pretrained(model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-
-    @torch.no_grad()
-    def generate(self, text: str, **media) -> tuple[list[int], int]:
-        """(new token ids, prompt length in positions) for `text` with the processor's media inputs."""
-        inputs = self.processor(text=text, return_tensors="pt", **media)
-        out = self.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
-        return out[0, inputs.input_ids.shape[1] :].tolist(), inputs.input_ids.shape[1]
-
-    def chat_text(self, content: list[dict]) -> str:
-        return self.processor.apply_chat_template(
-            [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-        )
-
-
 @pytest.fixture(scope="module")
-def media_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("media")
-    (root / "red.png").write_bytes(png((220, 20, 20)))
-    (root / "blue.png").write_bytes(png((10, 30, 230), size=(50, 60)))
-    (root / "tone.wav").write_bytes(wav(0.8, 440))
-    return root
+def media_dir(multimodal_media) -> Path:
+    """Files under the servers' ALLOWED_LOCAL_MEDIA_PATH."""
+    (multimodal_media / "first.png").write_bytes(png(11))
+    (multimodal_media / "second.png").write_bytes(png(12, (50, 60)))
+    (multimodal_media / "tone.wav").write_bytes(wav(0.8, 440))
+    return multimodal_media
 
 
 @pytest.fixture(scope="module")
@@ -112,32 +50,13 @@ def http_media(media_dir) -> str:
 
 
 @pytest.fixture(scope="module")
-def checkpoint_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("mm-checkpoints")
-
-
-def _serve(root: Path, kind: str, media_dir: Path):
-    model_dir = checkpoints.generate(root / kind, kind)
-    settings = {
-        "ALLOWED_LOCAL_MEDIA_PATH": str(media_dir),
-        "MEDIA_VIDEO_FRAMES": str(VIDEO_FRAMES),
-        "TRITONLM_MAX_SEQ_LEN": "1024",
-    }
-    return model_dir, running_servers(model_dir, settings)
+def llava(multimodal_servers, multimodal_checkpoints):
+    return multimodal_servers("llava"), Reference(multimodal_checkpoints("llava"), NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")
-def llava(checkpoint_root, media_dir):
-    model_dir, servers = _serve(checkpoint_root, "llava", media_dir)
-    with servers as started:
-        yield started, Reference(model_dir)
-
-
-@pytest.fixture(scope="module")
-def qwen2_audio(checkpoint_root, media_dir):
-    model_dir, servers = _serve(checkpoint_root, "qwen2_audio", media_dir)
-    with servers as started:
-        yield started, Reference(model_dir)
+def qwen2_audio(multimodal_servers, multimodal_checkpoints):
+    return multimodal_servers("qwen2_audio"), Reference(multimodal_checkpoints("qwen2_audio"), NEW_TOKENS)
 
 
 def tgi(servers, inputs, **parameters) -> dict:
@@ -154,6 +73,7 @@ def chat(servers, content, **fields) -> dict:
         "messages": [{"role": "user", "content": content}],
         "max_tokens": NEW_TOKENS,
         "temperature": 0,
+        "ignore_eos": True,
         **fields,
     }
     response = httpx.post(f"{servers.frontend_url}/v1/chat/completions", json=body, timeout=TIMEOUT)
@@ -164,61 +84,62 @@ def chat(servers, content, **fields) -> dict:
 @pytest.mark.parametrize("source", ["data", "path", "http"])
 def test_image_from_every_source_equals_transformers(llava, media_dir, http_media, source):
     servers, reference = llava
+    data = (media_dir / "first.png").read_bytes()
     url = {
-        "data": data_url((media_dir / "red.png").read_bytes(), "image/png"),
-        "path": str(media_dir / "red.png"),
-        "http": f"{http_media}/red.png",
+        "data": data_url(data, "image/png"),
+        "path": str(media_dir / "first.png"),
+        "http": f"{http_media}/first.png",
     }[source]
     out = tgi(servers, [{"type": "text", "text": "Describe "}, {"type": "image_url", "image_url": url}])
-    image = Image.open(media_dir / "red.png").convert("RGB")
-    expected, prompt_len = reference.generate("Describe <image>", images=[image])
-    assert [t["id"] for t in out["details"]["tokens"]] == expected
-    assert out["details"]["prompt_tokens"] == prompt_len  # the 49 image positions included
+    assert [t["id"] for t in out["details"]["tokens"]] == reference.generate(
+        "Describe <image>", [data], "image"
+    )
 
 
 def test_chat_image_equals_transformers_and_usage_counts_positions(llava, media_dir):
     servers, reference = llava
-    url = data_url((media_dir / "blue.png").read_bytes(), "image/png")
+    data = (media_dir / "second.png").read_bytes()
+    url = data_url(data, "image/png")
     out = chat(servers, [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "What?"}])
-    text = reference.chat_text([{"type": "image"}, {"type": "text", "text": "What?"}])
-    image = Image.open(media_dir / "blue.png").convert("RGB")
-    expected, prompt_len = reference.generate(text, images=[image])
-    assert out["choices"][0]["message"]["content"] == reference.tokenizer.decode(
-        expected, skip_special_tokens=True
+    text = reference.chat([{"type": "image"}, {"type": "text", "text": "What?"}])
+    assert out["choices"][0]["message"]["content"] == reference.decode(
+        reference.generate(text, [data], "image")
     )
-    assert out["usage"]["prompt_tokens"] == prompt_len
+    assert out["usage"]["prompt_tokens"] == reference.inputs(text, [data], "image").input_ids.shape[1]
 
 
 def test_same_image_reuses_cached_blocks_and_another_does_not(llava, media_dir):
     servers, _ = llava
-    parts = lambda name: [  # noqa: E731
-        {"type": "image_url", "image_url": data_url((media_dir / name).read_bytes(), "image/png")},
-        {"type": "text", "text": "Again and again and again and again"},
-    ]
-    first = chat(servers, parts("red.png"))
-    again = chat(servers, parts("red.png"))
-    other = chat(servers, parts("blue.png"))
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+    def parts(name: str) -> list[dict]:
+        image = data_url((media_dir / name).read_bytes(), "image/png")
+        return [
+            {"type": "image_url", "image_url": image},
+            {"type": "text", "text": "Again and again and again and again"},
+        ]
+
+    first = chat(servers, parts("first.png"))
+    again = chat(servers, parts("first.png"))
+    other = chat(servers, parts("second.png"))
+    cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached > 0
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
-    # Same ids (the placeholders) but different pixels: only the template's first block may be shared.
-    assert (
-        other["usage"]["prompt_tokens_details"]["cached_tokens"]
-        < again["usage"]["prompt_tokens_details"]["cached_tokens"]
-    )
+    # The same placeholder ids, other pixels: at most the template's blocks before the image are shared.
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] < cached
 
 
 def test_media_and_text_requests_share_batches(llava, media_dir):
-    servers, reference = llava
-    red = data_url((media_dir / "red.png").read_bytes(), "image/png")
-    blue = data_url((media_dir / "blue.png").read_bytes(), "image/png")
+    servers, _ = llava
+    first = data_url((media_dir / "first.png").read_bytes(), "image/png")
+    second = data_url((media_dir / "second.png").read_bytes(), "image/png")
     requests = [
-        [{"type": "text", "text": "Describe "}, {"type": "image_url", "image_url": red}],
+        [{"type": "text", "text": "Describe "}, {"type": "image_url", "image_url": first}],
         "Describe a plain text prompt",
-        [{"type": "text", "text": "Describe "}, {"type": "image_url", "image_url": blue}],
-    ] * 2
-    alone = [tgi(servers, inputs)["generated_text"] for inputs in requests[:3]]
-    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
-        together = list(pool.map(lambda inputs: tgi(servers, inputs)["generated_text"], requests))
+        [{"type": "text", "text": "Describe "}, {"type": "image_url", "image_url": second}],
+    ]
+    alone = [tgi(servers, inputs)["generated_text"] for inputs in requests]
+    with concurrent.futures.ThreadPoolExecutor(2 * len(requests)) as pool:
+        together = list(pool.map(lambda inputs: tgi(servers, inputs)["generated_text"], requests * 2))
     assert together == alone * 2
     assert alone[0] != alone[2]
 
@@ -226,33 +147,30 @@ def test_media_and_text_requests_share_batches(llava, media_dir):
 def test_audio_equals_transformers(qwen2_audio, media_dir, http_media):
     servers, reference = qwen2_audio
     data = (media_dir / "tone.wav").read_bytes()
-    rate = reference.processor.feature_extractor.sampling_rate
-    samples = decode_audio(data, rate, MediaLimits(), "audio")
-    text = reference.chat_text([{"type": "audio", "audio": "<audio>"}, {"type": "text", "text": "Listen"}])
-    expected, prompt_len = reference.generate(text, audio=[samples], sampling_rate=rate)
+    text = reference.chat([{"type": "audio", "audio": "<audio>"}, {"type": "text", "text": "Listen"}])
+    expected = reference.decode(reference.generate(text, [data], "audio"))
+    prompt_len = reference.inputs(text, [data], "audio").input_ids.shape[1]
     for part in (
         {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": "wav"}},
         {"type": "audio_url", "audio_url": {"url": f"{http_media}/tone.wav"}},
     ):
         out = chat(servers, [part, {"type": "text", "text": "Listen"}])
-        assert out["choices"][0]["message"]["content"] == reference.tokenizer.decode(
-            expected, skip_special_tokens=True
-        )
+        assert out["choices"][0]["message"]["content"] == expected
         assert out["usage"]["prompt_tokens"] == prompt_len
 
 
-def test_video_end_to_end(checkpoint_root, media_dir):
-    """LLaVA-OneVision: a video is sampled to MEDIA_VIDEO_FRAMES frames (positions: tested in
-    test_onevision.py), each 9 rows after pooling plus one newline row: the prompt counts them."""
-    model_dir, servers = _serve(checkpoint_root, "llava_onevision", media_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    with servers as started:
-        url = data_url(mp4(), "video/mp4")
-        out = chat(
-            started, [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "Summary"}]
-        )
-    assert 0 < out["usage"]["completion_tokens"] <= NEW_TOKENS
+def test_video_end_to_end(multimodal_servers, multimodal_checkpoints):
+    """LLaVA-OneVision: a video is sampled to MEDIA_VIDEO_FRAMES frames (which ones: test_onevision.py),
+    each 9 rows after pooling, plus one newline row: the prompt counts them."""
+    servers = multimodal_servers("llava_onevision")
+    tokenizer = AutoTokenizer.from_pretrained(multimodal_checkpoints("llava_onevision"))
+    url = data_url(mp4(), "video/mp4")
+    out = chat(
+        servers, [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "Summary"}]
+    )
+    assert out["usage"]["completion_tokens"] == NEW_TOKENS
     messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Summary"}]}]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     # The <video> token becomes 9 pooled rows per sampled frame plus one newline row.
-    assert out["usage"]["prompt_tokens"] == len(tokenizer(prompt).input_ids) - 1 + VIDEO_FRAMES * 9 + 1
+    video_rows = MULTIMODAL_VIDEO_FRAMES * 9 + 1
+    assert out["usage"]["prompt_tokens"] == len(tokenizer(prompt).input_ids) - 1 + video_rows

@@ -2,24 +2,19 @@
 images (tiny Llava) and audio (tiny Qwen2Audio) through the gRPC ensemble and through the
 frontend's Pipeline give transformers' own greedy tokens (generate with the checkpoint's
 processor), bad media fail naming their item, text still works, concurrent requests keep their own
-media. One server per checkpoint, started once for this module."""
+media. One server per checkpoint for the session (conftest's multimodal_servers)."""
 
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import re
-import wave
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import tritonclient.grpc as grpcclient
 from PIL import Image
-from transformers import AutoProcessor
 from transformers.image_utils import load_image
 
 from client.stream import StreamClient
@@ -28,13 +23,12 @@ from frontend.engine_client.request import Job, MediaItem
 from frontend.engine_client.steps import generate, prompt_tokens
 from frontend.engine_client.triton import TritonClient
 from frontend.errors import APIError
-from tests.conftest import Servers, running_servers
+from tests.conftest import Servers
+from tests.multimodal_helpers import Reference, png, wav
 from tritonlm.config import checkpoint_vocab_size
 from tritonlm.errors import InvalidRequest
-from tritonlm.multimodal import checkpoints
 from tritonlm.multimodal.architectures import placeholders
-from tritonlm.multimodal.decode import decode_audio, decode_image
-from tritonlm.multimodal.encoder import MODEL_CLASSES
+from tritonlm.multimodal.decode import decode_image
 from tritonlm.multimodal.limits import MediaLimits
 from tritonlm.multimodal.service import EncoderService
 from tritonlm.text.preprocess import Preprocessor
@@ -44,75 +38,24 @@ NEW_TOKENS = 12
 MODELS = {"llava": "image", "qwen2_audio": "audio"}
 
 
-def png(seed: int, size: tuple[int, int] = (64, 48)) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "PNG")
-    return out.getvalue()
-
-
-def wav(seconds: float, freq: float, rate: int = 16000) -> bytes:
-    t = np.arange(int(seconds * rate)) / rate
-    samples = (0.3 * np.sin(2 * np.pi * freq * t) * 32767).astype("<i2")
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(samples.tobytes())
-    return out.getvalue()
+@pytest.fixture(scope="module")
+def built(multimodal_checkpoints) -> dict[str, Path]:
+    return {name: multimodal_checkpoints(name) for name in MODELS}
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("mm-serving")
-    return {name: checkpoints.generate(root / name, name) for name in MODELS}
+def llava(multimodal_servers) -> Servers:
+    return multimodal_servers("llava")
 
 
 @pytest.fixture(scope="module")
-def llava(built) -> Iterator[Servers]:
-    with running_servers(built["llava"], {}) as started:
-        yield started
-
-
-@pytest.fixture(scope="module")
-def qwen2_audio(built) -> Iterator[Servers]:
-    with running_servers(built["qwen2_audio"], {}) as started:
-        yield started
-
-
-class Reference:
-    """transformers' greedy tokens for a checkpoint, with its processor (float32, no EOS stop:
-    the server runs with ignore_eos)."""
-
-    def __init__(self, model_dir: Path) -> None:
-        self.processor = AutoProcessor.from_pretrained(model_dir)
-        config_class = MODEL_CLASSES[json.loads((model_dir / "config.json").read_text())["architectures"][0]]
-        self.model = config_class.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-    def chat(self, content: list[dict]) -> str:
-        messages = [{"role": "user", "content": content}]
-        return self.processor.apply_chat_template(messages, add_generation_prompt=True)
-
-    def generate(self, text: str, media: list[bytes], kind: str) -> list[int]:
-        processor = self.processor
-        if kind == "image":
-            images = [Image.open(io.BytesIO(data)).convert("RGB") for data in media]
-            inputs = processor(images=images or None, text=text, return_tensors="pt")
-        else:
-            rate = processor.feature_extractor.sampling_rate
-            clips = [decode_audio(data, rate, MediaLimits(), "audio") for data in media]
-            inputs = processor(audio=clips or None, text=text, sampling_rate=rate, return_tensors="pt")
-        with torch.no_grad():
-            out = self.model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None)
-        generated = out[0, inputs.input_ids.shape[1] :].tolist()
-        assert len(generated) == NEW_TOKENS
-        return generated
+def qwen2_audio(multimodal_servers) -> Servers:
+    return multimodal_servers("qwen2_audio")
 
 
 @pytest.fixture(scope="module")
 def reference(built) -> dict[str, Reference]:
-    return {name: Reference(built[name]) for name in MODELS}
+    return {name: Reference(built[name], NEW_TOKENS) for name in MODELS}
 
 
 def ensemble(servers: Servers, values: dict) -> list[int]:
