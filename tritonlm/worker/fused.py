@@ -128,8 +128,7 @@ def fuse(model: nn.Module, cache: PagedKVCache | None = None) -> int:
     bfloat16) as above, and lets `cache` fold GQA; returns how many attention and MLP blocks it
     fused (0: the model is left as it was). Tests run it on transformers' own model to compare the
     engine's logits with those of the same projections."""
-    dtype = model.get_output_embeddings().weight.dtype
-    if not _packs(dtype) or model.device.type != "cpu":
+    if not _packs(model.dtype) or model.device.type != "cpu":
         return 0
     fused = 0
     for name, block in list(model.named_modules()):
