@@ -13,11 +13,12 @@ and each call costs about as much in fixed overhead as in arithmetic. Here, once
 - the batched decode attention folds grouped-query heads into the query length (`PagedKVCache.
   fold_gqa`), which avoids SDPA's slow GQA path on CPU (5x in bf16 at one query per sequence).
 
-Results: the projections are bitwise equal to `F.linear` in bf16 (both oneDNN), within ~1e-5 of
-MKL's sgemm in fp32; the folded attention differs from SDPA's GQA path by bf16 rounding (one unit in
-the last place of some outputs, equally far from an fp32 reference), so bf16 greedy runs may part at
-near-ties, as two batch sizes do (tests/test_bfloat16.py's tolerance). Only on
-CPU and for float32/bfloat16; the model's other modules are untouched. The replaced projections'
+Results: the projections are bitwise equal to `F.linear` in bf16 (both oneDNN) and differ from
+MKL's sgemm in fp32 by summation order (a few 1e-6 per projection; fp32 greedy tokens unchanged);
+the folded attention differs from SDPA's GQA path by bf16 rounding (one unit in the last place of
+some outputs, equally far from an fp32 reference), so bf16 greedy runs may part at near-ties, as two
+batch sizes do (tests/test_bfloat16.py's tolerance). Only on CPU and for float32/bfloat16; the
+model's other modules are untouched. The replaced projections'
 own weights are dropped (the packed copy replaces them); the LM head keeps its weight (it may be
 tied to the input embeddings).
 """
@@ -41,6 +42,8 @@ PACK_ROWS = 32
 
 
 def _packs(dtype: torch.dtype) -> bool:
+    if not torch.backends.mkldnn.is_available():  # a torch built without oneDNN: nothing to pack
+        return False
     if dtype == torch.float32:
         return True
     return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
