@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import torch
+from transformers import AutoModelForCausalLM
+
 from tritonlm.engine.request import Request
 from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.params import SamplingParams
+from tritonlm.worker import fused
 
 
 def sequence(
@@ -30,3 +34,12 @@ def sequence(
     if is_cancelled is not None:
         seq.is_cancelled = is_cancelled
     return seq
+
+
+def reference_model(model_dir: object, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """transformers' model with the projections the engine runs by default (`fuse_projections`):
+    logits compared at float32 noise (1e-4) need the same matrix multiplies on both sides, since
+    oneDNN's pre-packed sgemm sums in another order than MKL's (tests/test_fused.py compares the two)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    fused.fuse(model)
+    return model

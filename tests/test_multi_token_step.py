@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import sequence
-from transformers import AutoModelForCausalLM
+from engine_helpers import reference_model, sequence
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.block_manager import BlockManager
@@ -23,7 +22,7 @@ def runner(model_dir) -> ModelRunner:
 
 @pytest.fixture(scope="module")
 def hf_model(model_dir):
-    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    return reference_model(model_dir)  # the engine's projections: logits compared at 1e-4
 
 
 @pytest.fixture(params=["workspace", "gather"])

@@ -29,7 +29,8 @@ class LoraLayers:
         self.projections: dict[tuple[int, str], nn.Linear] = {}
         for name, module in model.named_modules():
             match = _PROJECTION.search(name)
-            if match and match.group(2) in HF_TO_MODULE and isinstance(module, nn.Linear):
+            # nn.Linear, or what `worker/fused.py` put in its place (same features and hooks)
+            if match and match.group(2) in HF_TO_MODULE and hasattr(module, "out_features"):
                 self.projections[(int(match.group(1)), match.group(2))] = module
         self.shapes: Shapes = {k: (m.in_features, m.out_features) for k, m in self.projections.items()}
         # This step's groups: (adapter, packed row indices, or None for every row).

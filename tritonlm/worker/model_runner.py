@@ -18,7 +18,7 @@ from tritonlm.config import EngineConfig
 from tritonlm.engine.sequence import Sequence
 from tritonlm.lora.layers import LoraLayers
 from tritonlm.multimodal.encoder import language_model_class
-from tritonlm.worker import kv_cache, step_inputs
+from tritonlm.worker import fused, kv_cache, step_inputs
 from tritonlm.worker.decode_workspace import DecodeWorkspace
 from tritonlm.worker.kv_cache import PagedKVCache, ShapeProbe
 
@@ -65,6 +65,8 @@ class ModelRunner:
             .to(self.device)
         )
         self.model.eval()
+        if config.fuse_projections:  # before the LoRA hooks go on the projections that replace them
+            fused.fuse(self.model, self.cache)
         self.lora = LoraLayers(self.model)  # adapters' hooks, installed when one first runs
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self.hidden_size = self.model.get_input_embeddings().weight.shape[1]
