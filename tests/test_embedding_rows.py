@@ -92,7 +92,9 @@ def test_rows_equal_to_token_embeddings_give_the_same_logits_and_output(runner, 
     context = torch.cat(rows.out.prompt_logits)
     torch.testing.assert_close(context, torch.cat(plain.out.prompt_logits), atol=1e-5, rtol=0)
     generated = torch.stack(rows.out.generation_logits)
-    torch.testing.assert_close(generated, torch.stack(plain.out.generation_logits), atol=1e-5, rtol=0)
+    # Two rows of one decode batch are not bitwise equal under the CPU matmul kernels (seen: 4e-5);
+    # a wrong embedding row would differ by orders more.
+    torch.testing.assert_close(generated, torch.stack(plain.out.generation_logits), atol=1e-4, rtol=0)
 
 
 def test_same_rows_share_prefix_blocks_and_other_rows_do_not(model_dir, hf_model, table):

@@ -22,6 +22,9 @@ from tritonlm.text.tokenization import load_tokenizer
 pytestmark = pytest.mark.usefixtures("servers")
 
 HELLO = [{"role": "user", "content": "Hello, who are you?"}]
+# Log probs against fp32 transformers: the engine's oneDNN projections (fuse_projections) sum in
+# another order than transformers' MKL ones, ~1e-4 apart on a log prob.
+LOGPROB_TOL = 3e-4
 
 
 @pytest.fixture(scope="module")
@@ -176,11 +179,11 @@ def test_completion_logprobs_match_transformers(servers, client, model, hf_model
     every = prompt_ids + ids
     for pos in range(1, len(every)):
         expected = ref[pos - 1]
-        assert lp.token_logprobs[pos] == pytest.approx(expected[every[pos]].item(), abs=1e-4), pos
+        assert lp.token_logprobs[pos] == pytest.approx(expected[every[pos]].item(), abs=LOGPROB_TOL), pos
         top = lp.top_logprobs[pos]
         assert 1 <= len(top) <= k + 1
         for value in expected.topk(k).values.tolist():
-            assert any(abs(v - value) < 1e-4 for v in top.values()), (pos, top, value)
+            assert any(abs(v - value) < LOGPROB_TOL for v in top.values()), (pos, top, value)
 
 
 def test_chat_logprobs_shape_and_values(servers, client, model, hf_model):
@@ -340,7 +343,7 @@ BAD_CHAT = [
     ({"messages": [{"role": "tool", "content": "42"}]}, "messages[0]"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "a.png"}]}]},
-        "messages[0].content",
+        "messages[0].content[0]",
     ),
     ({"chat_template_kwargs": "x"}, "chat_template_kwargs"),
     ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
