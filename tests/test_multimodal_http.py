@@ -174,3 +174,29 @@ def test_video_end_to_end(multimodal_servers, multimodal_checkpoints):
     # The <video> token becomes 9 pooled rows per sampled frame plus one newline row.
     video_rows = MULTIMODAL_VIDEO_FRAMES * 9 + 1
     assert out["usage"]["prompt_tokens"] == len(tokenizer(prompt).input_ids) - 1 + video_rows
+
+
+@pytest.mark.parametrize("api", ["openai", "tgi"])
+def test_bytes_that_are_not_an_image_are_refused_naming_the_part(llava, api):
+    servers, _ = llava
+    url = data_url(b"GIF89a definitely not a png", "image/png")
+    if api == "openai":
+        body = {
+            "model": servers.model_name,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Hi"}, {"type": "image_url", "image_url": url}],
+                }
+            ],
+        }
+        response = httpx.post(f"{servers.frontend_url}/v1/chat/completions", json=body, timeout=TIMEOUT)
+        error = response.json()["error"]
+        assert error["param"] == "messages[0].content[1]" and "not a supported image" in error["message"]
+    else:
+        body = {"inputs": [{"type": "text", "text": "Hi"}, {"type": "image_url", "image_url": url}]}
+        response = httpx.post(f"{servers.frontend_url}/", json=body, timeout=TIMEOUT)
+        error = response.json()
+        assert error["error"].startswith("inputs[1]: the bytes are not a supported image"), error
+    assert response.status_code == 400, response.text
+    assert "definitely" not in response.text  # never the file's content

@@ -256,7 +256,7 @@ def test_job_names_a_media_error_by_its_content_part():
     named = job(messages=[], media=items).named(
         APIError(422, "media[1]: the bytes are not a supported audio file")
     )
-    assert named.param == "messages[1].content[0]"
+    assert named.param == "messages[1].content[0]" and named.status == 400
     assert named.message == "messages[1].content[0]: the bytes are not a supported audio file"
     named = job(prompt_parts=[], media=items, prompt_param="inputs").named(
         APIError(422, "prompt_parts: the prompt has 1 media placeholders for 2 media items")
@@ -393,7 +393,7 @@ def test_bad_media_fail_naming_their_item(llava):
     content = [{"type": "text", "text": "Compare"}, {"type": "image"}, {"type": "image"}]
     with pytest.raises(APIError) as caught:
         run_pipeline(llava, job(messages=[{"role": "user", "content": content}], media=items))
-    assert caught.value.status == 422 and caught.value.param == "messages[0].content[2]"
+    assert caught.value.status == 400 and caught.value.param == "messages[0].content[2]"
     assert caught.value.message.startswith("messages[0].content[2]: the bytes are not a supported image")
 
 

@@ -220,7 +220,7 @@ class Job:
     def named(self, error: APIError) -> APIError:
         """A model's 4xx in this API's words: `param` is the request field the message starts with
         (as a tensor name), and the message calls it by that field's name; `media[i]` is the
-        content part item i came from."""
+        content part item i came from (400, as the frontend's own media refusals)."""
         if error.status >= 500 or error.param is not None:
             return error
         item = _MEDIA_ITEM.match(error.message)
@@ -228,6 +228,7 @@ class Job:
             part = self.media[int(item.group(1))].part
             error.message = part + error.message[item.end() :]
             error.param = part
+            error.status = 400  # as every other media refusal, on every API (TGI's too)
             return error
         match = _LEADING_NAME.match(error.message)
         param = _PARAMS.get(match.group(1)) if match else None
