@@ -4,6 +4,7 @@ checked, resolved against the checkpoint, and the source of config.pbtxt and the
 from __future__ import annotations
 
 import json
+import os
 
 import httpx
 import pytest
@@ -36,6 +37,7 @@ def test_environment_wins_over_parameters_and_aliases_are_read():
         ({"TRITONLM_MAX_SEQ_LEN": "1"}, "max_seq_len"),
         ({"TRITONLM_KV_CACHE_MEMORY_FRACTION": "1.5"}, "kv_cache_memory_fraction"),
         ({"TRITONLM_MAX_NUM_SEQS": "64", "TRITONLM_MAX_NUM_BATCHED_TOKENS": "32"}, "max_num_batched_tokens"),
+        ({"TRITONLM_CPU_THREADS": "-1"}, "cpu_threads: must be >= 0"),
     ],
 )
 def test_bad_values_name_the_setting(env, message):
@@ -62,6 +64,9 @@ def test_derived_values(tmp_path):
         EngineConfig(str(tmp_path), kv_cache_blocks=8).resolved().kv_cache_size(1, "cpu", 0)
     with pytest.raises(ConfigError, match="MODEL_DIR"):
         EngineConfig().resolved()
+    # The served engine's torch threads on CPU: as set, else every CPU this process may use.
+    assert EngineConfig(str(tmp_path), cpu_threads=1).engine_threads() == 1
+    assert EngineConfig(str(tmp_path)).engine_threads() == len(os.sched_getaffinity(0))
 
 
 def test_config_pbtxt_and_readme_table_come_from_the_fields():

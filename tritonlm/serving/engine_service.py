@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 
+import torch
 import triton_python_backend_utils as pb_utils
 
 from tritonlm.config import EngineConfig
@@ -38,6 +39,8 @@ STOP_TIMEOUT_S = 2.0  # unloading waits at most this long for the engine's threa
 class EngineService:
     def __init__(self, args: dict) -> None:
         config = EngineConfig.from_parameters(triton_glue.parameters(args))
+        if config.torch_device().type == "cpu":  # this process serves the engine alone
+            torch.set_num_threads(config.engine_threads())
         self.runner = ModelRunner(config)
         self.adapters = LoraStore(
             self.runner.config, self.runner.lora.shapes, self.runner.dtype, self.runner.device
