@@ -106,6 +106,19 @@ def chat(encoder: MediaEncoder, parts: list[dict]) -> str:
     return encoder.processor.apply_chat_template(messages, add_generation_prompt=True)
 
 
+def generated(model, ids: torch.Tensor, **pixels) -> list[int]:
+    """transformers' own greedy tokens for prompt `ids` with the processor's pixel inputs."""
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        eos_token_id=None,
+        **pixels,
+    )
+    return out[0, -NEW_TOKENS:].tolist()
+
+
 def serve(runner: ModelRunner, ids: list[int], features: list[np.ndarray]) -> list[int]:
     tensors = {
         "input_ids": np.array([ids], np.int32),
@@ -175,16 +188,13 @@ def test_engine_serves_images_like_transformers(encoder, runner, sizes):
     text_ids = processor.tokenizer(text).input_ids
     image_id = processor.tokenizer.convert_tokens_to_ids("<image>")
     ids = torch.tensor([expand(text_ids, image_id, counts)])
-    expected = model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
+    expected = generated(
+        model,
+        ids,
         pixel_values=inputs.pixel_values,
         image_sizes=inputs.image_sizes,
         batch_num_images=inputs.batch_num_images,
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        eos_token_id=None,
-    )[0, -NEW_TOKENS:].tolist()
+    )
 
     features = [encoder.encode("image", item, images_in_prompt=len(items)).numpy() for item in items]
     assert [len(f) for f in features] == counts
@@ -204,14 +214,7 @@ def test_engine_serves_video_like_transformers(encoder, runner):
     text_ids = processor.tokenizer(text).input_ids
     video_id = processor.tokenizer.convert_tokens_to_ids("<video>")
     ids = torch.tensor([expand(text_ids, video_id, [count])])
-    expected = model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
-        pixel_values_videos=pixels,
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        eos_token_id=None,
-    )[0, -NEW_TOKENS:].tolist()
+    expected = generated(model, ids, pixel_values_videos=pixels)
 
     features = [encoder.encode("video", frames).numpy()]
     assert len(features[0]) == count == 6 * 9 + 1
@@ -238,17 +241,14 @@ def test_engine_serves_a_video_and_an_image_in_one_prompt(encoder, runner):
     )
     text_ids = tokenizer(text).input_ids
     ids = torch.tensor([expand(text_ids, image_id, [image_count], {video_id: [video_count]})])
-    expected = model.generate(
-        input_ids=ids,
-        attention_mask=torch.ones_like(ids),
+    expected = generated(
+        model,
+        ids,
         pixel_values=inputs.pixel_values,
         image_sizes=inputs.image_sizes,
         batch_num_images=inputs.batch_num_images,
         pixel_values_videos=pixels,
-        max_new_tokens=NEW_TOKENS,
-        do_sample=False,
-        eos_token_id=None,
-    )[0, -NEW_TOKENS:].tolist()
+    )
 
     features = [encoder.encode("video", frames).numpy(), encoder.encode("image", item).numpy()]
     counts = [len(f) for f in features]
