@@ -112,7 +112,7 @@ def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(model
 
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir, monkeypatch):
     runner = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=64))
-    real = runner.forward
+    real = runner.execute
     calls = []
 
     def flaky(*args, **kwargs):
@@ -121,7 +121,7 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir, mon
             raise RuntimeError("boom")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "forward", flaky)
+    monkeypatch.setattr(runner, "execute", flaky)
     failed = sequence([1, 2, 3], 10, SamplingParams())
     engine = run_all(runner, [failed])
     assert failed.out.finish_reason == "error" and "boom" in failed.out.error

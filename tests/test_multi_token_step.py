@@ -9,10 +9,10 @@ from engine_helpers import reference_model, sequence
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.block_manager import BlockManager
-from tritonlm.engine.scheduler import Batch, Scheduler
+from tritonlm.engine.scheduler import Scheduler, SchedulerOutput
 from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.params import SamplingParams
-from tritonlm.worker.model_runner import ModelRunner, StepOutput
+from tritonlm.worker.model_runner import ModelOutput, ModelRunner
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +42,12 @@ def scheduler(runner: ModelRunner, budget: int = 2048) -> Scheduler:
     return Scheduler(BlockManager(config.kv_cache_blocks, config.block_size), config.max_num_seqs, budget)
 
 
-def run_step(runner: ModelRunner, s: Scheduler) -> tuple[Batch, StepOutput, list[int]]:
+def run_step(runner: ModelRunner, s: Scheduler) -> tuple[SchedulerOutput, ModelOutput, list[int]]:
     """Schedules and runs one step, asking for the logits of every token a decode feeds; returns
     the batch, the runner's output and the logits rows each sequence got."""
     batch = s.schedule()
     rows = batch.num_logits
-    out = runner.forward(batch.seqs, batch.num_new, rows, copies=s.blocks.take_pending_copies())
+    out = runner.execute(batch)
     for seq, n in zip(batch.seqs, batch.num_new, strict=True):
         seq.num_computed += n
     return batch, out, rows

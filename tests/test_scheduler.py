@@ -6,7 +6,7 @@ from __future__ import annotations
 from engine_helpers import sequence
 
 from tritonlm.engine.block_manager import BlockManager
-from tritonlm.engine.scheduler import Batch, Scheduler
+from tritonlm.engine.scheduler import Scheduler, SchedulerOutput
 from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.sampler import SamplingParams
 
@@ -19,7 +19,7 @@ def make(num_blocks=64, block_size=4, max_num_seqs=8, budget=64, queue=0) -> Sch
     return Scheduler(BlockManager(num_blocks, block_size), max_num_seqs, budget, queue)
 
 
-def run_step(s: Scheduler) -> Batch:
+def run_step(s: Scheduler) -> SchedulerOutput:
     """Schedules a step and plays the engine's part: compute, then sample where the chunk ends."""
     batch = s.schedule()
     flags = batch.sample
@@ -190,7 +190,7 @@ def test_same_step_admissions_share_a_prefix_being_computed():
     assert b.block_table[:3] == a.block_table[:3]
 
 
-def feed(batch: Batch) -> None:
+def feed(batch: SchedulerOutput) -> None:
     """The forward's part: every scheduled token is computed."""
     for q, n in zip(batch.seqs, batch.num_new, strict=True):
         q.num_computed += n

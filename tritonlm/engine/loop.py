@@ -25,7 +25,7 @@ import torch
 
 from tritonlm.engine.beam_group import BeamGroup
 from tritonlm.engine.block_manager import BlockManager
-from tritonlm.engine.scheduler import Batch, Scheduler
+from tritonlm.engine.scheduler import Scheduler, SchedulerOutput
 from tritonlm.engine.sequence import Sequence, Status, TokenTiming
 from tritonlm.engine.stopping import finish_reason, text_stream
 from tritonlm.errors import CLIENT_ERROR_MARKER, overloaded_message
@@ -34,7 +34,7 @@ from tritonlm.sampling.sampler import LogProbs, SamplerInput, choose, log_probs_
 from tritonlm.spec_decode.acceptance import verify
 from tritonlm.spec_decode.speculator import Speculator
 from tritonlm.structured_output import Grammars, GrammarState
-from tritonlm.worker.model_runner import ModelRunner, StepOutput
+from tritonlm.worker.model_runner import ModelOutput, ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -240,10 +240,7 @@ class Engine:
             return
         start = time.perf_counter()
         rows = batch.num_logits  # 1 + proposals fed for a sampled sequence, 0 for others
-        keep_all = [s.needs_prompt_logits and s.num_computed < len(s.prompt_ids) for s in batch.seqs]
-        out = self.runner.forward(
-            batch.seqs, batch.num_new, rows, keep_all, copies=self.blocks.take_pending_copies()
-        )
+        out = self.runner.execute(batch)
         for i, logits in out.all_logits.items():
             self._keep_prompt_logits(batch.seqs[i], logits)
         for seq, n in zip(batch.seqs, batch.num_new, strict=True):
@@ -268,7 +265,7 @@ class Engine:
 
     @torch.inference_mode()
     def _choose(
-        self, batch: Batch, out: StepOutput, rows: list[int], plain: list[int]
+        self, batch: SchedulerOutput, out: ModelOutput, rows: list[int], plain: list[int]
     ) -> list[tuple[list[int], TokenPicks]]:
         """The tokens each sampled sequence (batch indices `plain`) makes this step: one drawn from
         its row, or, after proposals, those verification keeps (spec_decode.acceptance). Every row

@@ -16,7 +16,7 @@ tokens for its first generated tokens) when they fit the budget and the free blo
 
 So a long prompt is split over several steps and never holds the decoding streams up for more than
 one budget's worth of tokens. A sequence is sampled only when its chunk reaches its last token; a
-decode with proposals wants the logits of every token it feeds (`Batch.num_logits`), to verify them.
+decode with proposals wants the logits of every token it feeds (`SchedulerOutput.num_logits`), to verify them.
 Prefix-cache blocks are registered only up to a sequence's verified tokens, never over proposals;
 rejected proposals give their slots back through `BlockManager.rollback`.
 
@@ -39,12 +39,14 @@ from tritonlm.engine.sequence import Sequence, Status
 
 
 @dataclass
-class Batch:
-    """One step's work: feed `num_new[i]` tokens of `seqs[i]`; sample those with `sample[i]`."""
+class SchedulerOutput:
+    """One step's work: feed `num_new[i]` tokens of `seqs[i]` (after copying the copy-on-write
+    block pairs `copies`); sample those with `sample[i]`."""
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def sample(self) -> list[bool]:
@@ -55,10 +57,15 @@ class Batch:
     def num_logits(self) -> list[int]:
         """Logits rows each sequence needs, from its last new token back: 0 when not sampled, 1 for
         a plain decode or a last prompt chunk, 1 + len(spec_tokens) for a decode with proposals
-        (row j predicts the token after its j-th fed token). `ModelRunner.forward` takes it as
-        `sample`."""
+        (row j predicts the token after its j-th fed token)."""
         pairs = zip(self.seqs, self.num_new, strict=True)
         return [max(s.num_computed + n - s.num_tokens + 1, 0) for s, n in pairs]
+
+    @property
+    def prompt_logits(self) -> list[bool]:
+        """Whether the step keeps the logits of every new token of each sequence (a request that
+        reports prompt logits or prompt log probs, while it feeds its prompt)."""
+        return [s.needs_prompt_logits and s.num_computed < len(s.prompt_ids) for s in self.seqs]
 
     @property
     def num_tokens(self) -> int:
@@ -136,8 +143,8 @@ class Scheduler:
             child.status = Status.WAITING
             self.waiting.appendleft(child)
 
-    def schedule(self) -> Batch:
-        batch = Batch()
+    def schedule(self) -> SchedulerOutput:
+        batch = SchedulerOutput()
         budget = self.max_num_batched_tokens
         bs = self.blocks.block_size
 
@@ -215,6 +222,7 @@ class Scheduler:
             batch._add(seq, n)
             budget -= n
             self.blocks.cache_full_blocks(seq, seq.num_computed + n)
+        batch.copies = self.blocks.take_pending_copies()
         return batch
 
     def _with_proposals(self, seq: Sequence, n: int, budget: int) -> int:
@@ -235,9 +243,9 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         """Preempts a running sequence outside of scheduling (the engine's deadlock breaker)."""
-        self._preempt(seq, Batch())
+        self._preempt(seq, SchedulerOutput())
 
-    def _preempt(self, seq: Sequence, batch: Batch) -> int:
+    def _preempt(self, seq: Sequence, batch: SchedulerOutput) -> int:
         """Sends a running sequence back to the front of the waiting queue, without its blocks.
         Returns the tokens it had been given in this step's batch (0 if none)."""
         given = batch._remove(seq)

@@ -1,5 +1,5 @@
 """Speculative decoding: proposals for a sequence's next tokens, verified by the target model in
-one k-token step (`Sequence.spec_tokens`, `Batch.num_logits`, `BlockManager.rollback`).
+one k-token step (`Sequence.spec_tokens`, `SchedulerOutput.num_logits`, `BlockManager.rollback`).
 
 - `acceptance.py`: which proposals a step keeps, and the token after them (greedy: while the target
   agrees; sampled: TensorRT-LLM's rules), so the output follows the target model's distribution

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoConfig
 
 from tritonlm.config import EngineConfig
-from tritonlm.engine.sequence import Sequence
+from tritonlm.engine.scheduler import SchedulerOutput
 from tritonlm.lora.layers import LoraLayers
 from tritonlm.multimodal.encoder import language_model_class
 from tritonlm.worker import fused, kv_cache, step_inputs
@@ -37,12 +37,12 @@ def available_cpu_memory() -> int:
 
 
 @dataclass
-class StepOutput:
+class ModelOutput:
     # The sampled rows, in the order the sequences were passed: one per sampled sequence when
-    # `sample` is all 0/1 (so [sequences sampled, vocab]); those of seqs[i] are rows
+    # `logits_rows` is all 0/1 (so [sequences sampled, vocab]); those of seqs[i] are rows
     # [offsets[i], offsets[i + 1]).
     logits: torch.Tensor
-    all_logits: dict[int, torch.Tensor]  # index of a `keep_all` sequence -> [its new tokens, vocab]
+    all_logits: dict[int, torch.Tensor]  # index of a `prompt_logits` sequence -> [its new tokens, vocab]
     offsets: list[int] = field(default_factory=list)
 
     def logits_of(self, i: int) -> torch.Tensor:
@@ -111,24 +111,16 @@ class ModelRunner:
             self.cache.workspace.reset()
 
     @torch.inference_mode()
-    def forward(
-        self,
-        seqs: list[Sequence],
-        num_new: list[int],
-        sample: list[bool] | list[int],
-        keep_all: list[bool] | None = None,
-        copies: list[tuple[int, int]] | None = None,
-    ) -> StepOutput:
+    def execute(self, work: SchedulerOutput) -> ModelOutput:
         """One packed step: feeds tokens [num_computed, num_computed + num_new[i]) of each sequence
-        (prompt, output, then its `spec_tokens`; their blocks already allocated) and returns the
-        logits of the last `sample[i]` new tokens of each sequence (a bool: its last token or
-        none), plus all logits of the new tokens of each sequence with `keep_all[i]`.
-        `copies` are copy-on-write block pairs to apply first."""
-        if copies:
-            self.cache.copy_blocks(copies)
-        keep_all = keep_all or [False] * len(seqs)
+        (prompt, output, then its `spec_tokens`; their blocks already allocated, the copy-on-write
+        pairs `work.copies` applied first) and returns the logits of the last `num_logits[i]` new
+        tokens of each sequence, plus all logits of the new tokens of each with `prompt_logits[i]`."""
+        seqs, num_new = work.seqs, work.num_new
+        if work.copies:
+            self.cache.copy_blocks(work.copies)
         step = step_inputs.build(seqs, num_new, self.cache)
-        keep, spans, all_rows = _logits_rows(step.order, num_new, sample, keep_all)
+        keep, spans, all_rows = _logits_rows(step.order, num_new, work.num_logits, work.prompt_logits)
 
         self.cache.layout = step.layout
         # Which packed rows use which LoRA adapter (the hooks add them inside the forward).
@@ -165,7 +157,7 @@ class ModelRunner:
             logits_sampled = logits[torch.tensor(select, dtype=torch.long, device=self.device)]
         else:
             logits_sampled = logits
-        return StepOutput(logits_sampled, {i: logits[a:b] for i, (a, b) in all_rows.items()}, offsets)
+        return ModelOutput(logits_sampled, {i: logits[a:b] for i, (a, b) in all_rows.items()}, offsets)
 
     def _embed(self, ids: torch.Tensor, at: list[int], rows: list[torch.Tensor]) -> torch.Tensor:
         """The model's input embeddings of `ids` [1, tokens], with `rows` at packed indices `at`."""
@@ -178,16 +170,16 @@ class ModelRunner:
 
 
 def _logits_rows(
-    order: list[int], num_new: list[int], sample: list[bool] | list[int], keep_all: list[bool]
+    order: list[int], num_new: list[int], logits_rows: list[int], keep_all: list[bool]
 ) -> tuple[list[int], dict[int, tuple[int, int]], dict[int, tuple[int, int]]]:
     """The packed tokens whose logits the model computes (`logits_to_keep`), and, per sequence,
-    its sampled rows and its `keep_all` rows among them."""
+    its sampled rows (the last `logits_rows[i]`) and its `keep_all` rows among them."""
     keep: list[int] = []
     spans: dict[int, tuple[int, int]] = {}
     all_rows: dict[int, tuple[int, int]] = {}
     offset = 0
     for i in order:
-        n, m = num_new[i], int(sample[i])
+        n, m = num_new[i], logits_rows[i]
         assert m <= n, f"{m} logits rows asked of {n} new tokens"
         if keep_all[i]:
             all_rows[i] = (len(keep), len(keep) + n)
