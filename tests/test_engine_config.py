@@ -1,5 +1,5 @@
 """EngineConfig: one place for every engine setting, read from config.pbtxt and TRITONLM_* variables,
-checked, resolved against the checkpoint, and the source of config.pbtxt and the README's table."""
+checked, resolved against the checkpoint, and the source of config.pbtxt and docs/settings.md's table."""
 
 from __future__ import annotations
 
@@ -76,8 +76,9 @@ def test_config_pbtxt_and_readme_table_come_from_the_fields():
         assert f'parameters {{ key: "{name}"' in engine
     table = config.settings_table()
     assert "| `max_seq_len` |" in table and "| `enable_prefix_caching` | `true` |" in table
-    drifted = pbtxt.readme_with_table(pbtxt.README.read_text()).replace("| `block_size` | 16 |", "| x |")
-    assert pbtxt.readme_with_table(drifted) != drifted
+    settings_doc = pbtxt.SETTINGS_DOC.read_text()
+    drifted = pbtxt.with_settings_table(settings_doc).replace("| `block_size` | 16 |", "| x |")
+    assert pbtxt.with_settings_table(drifted) != drifted
 
 
 def test_the_launcher_reads_the_engines_settings(model_dir, monkeypatch):
