@@ -24,12 +24,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from tritonlm.config import _FALSE as FALSE  # booleans are spelled as the engine's settings spell them
+from tritonlm.config import _TRUE as TRUE
 from tritonlm.config import ConfigError  # one error for every bad setting, the engine's included
 from tritonlm.embedding import config as embedding_config
 from tritonlm.multimodal.limits import MediaLimits
 from tritonlm.text import chat_format
 
-TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 # 4M characters of prompt may take up to 4 bytes each in UTF-8, more when JSON-escaped: 32 MiB leaves
 # room for that and refuses anything bigger before it is parsed.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -265,7 +266,7 @@ class FrontendConfig:
                 values[f.name] = _parse(f, raw, source)
         media: dict[str, str] = {}
         for f in fields(MediaLimits):
-            name = MEDIA_PREFIX + f.name.upper()
+            name, _ = _media_names(f)
             raw, source = _lookup(name, name, given, env)
             if source:
                 _parse(f, raw, source)  # the type, named; MediaLimits builds the values
@@ -293,8 +294,7 @@ class FrontendConfig:
                 *f.metadata["flags"], dest=f.name, default=argparse.SUPPRESS, help=help_text, **extra
             )
         for f in fields(MediaLimits):
-            name = MEDIA_PREFIX + f.name.upper()
-            flag = "--" + name.lower().replace("_", "-")
+            name, flag = _media_names(f)
             group.add_argument(
                 flag, dest=name, metavar=name, default=argparse.SUPPRESS, help=MEDIA_HELP[f.name]
             )
@@ -345,7 +345,7 @@ class FrontendConfig:
                 value = f.metadata["sep"].join(value)
             env[f.metadata["env"]] = str(value)
         for f in fields(MediaLimits):
-            env[MEDIA_PREFIX + f.name.upper()] = str(getattr(self.media_limits, f.name))
+            env[_media_names(f)[0]] = str(getattr(self.media_limits, f.name))
         return env
 
     # -- checks ----------------------------------------------------------------------------------
@@ -385,8 +385,7 @@ class FrontendConfig:
             default = f.metadata["shown"] or _shown(f.default)
             rows.append(f"| `{env}` | `{flag}` | {default} | {f.metadata['meaning']} |")
         for f in fields(MediaLimits):
-            name = MEDIA_PREFIX + f.name.upper()
-            flag = "--" + name.lower().replace("_", "-")
+            name, flag = _media_names(f)
             rows.append(f"| `{name}` | `{flag}` | {_shown(f.default)} | {MEDIA_HELP[f.name]} |")
         return "\n".join(rows) + "\n"
 
@@ -394,6 +393,12 @@ class FrontendConfig:
 def _settings() -> tuple[Any, ...]:
     """The fields read from one flag and one environment variable each (not media_limits)."""
     return tuple(f for f in fields(FrontendConfig) if "env" in f.metadata)
+
+
+def _media_names(f: Any) -> tuple[str, str]:
+    """A media limit's environment variable and flag: MEDIA_MAX_ITEMS, --media-max-items."""
+    name = MEDIA_PREFIX + f.name.upper()
+    return name, "--" + name.lower().replace("_", "-")
 
 
 def _names(name: str) -> str:
