@@ -60,9 +60,11 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
-# Regenerate model_repository/*/config.pbtxt from tritonlm/serving/contract.py.
+# Regenerate model_repository/*/config.pbtxt from tritonlm/serving/contract.py, and docs/settings.md's
+# frontend table from frontend/config.py.
 configs: setup
 	$(PY) -m tritonlm.serving.pbtxt
+	$(PY) -m frontend.config --write-docs
 
 lint: setup
 	$(PY) -m ruff check .

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from frontend.config import FrontendConfig
 from tritonlm import launcher
 from tritonlm.processes import group_members
 
@@ -126,12 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-growth", type=float, default=0.05)
     args = parser.parse_args(argv)
     # FRONTEND_PORT & co. when set (as for `make run`), else free ports.
+    config = FrontendConfig.load()
     ports = (
-        launcher.Ports.from_env()
+        launcher.Ports.from_config(config)
         if "FRONTEND_PORT" in os.environ
         else launcher.Ports(*(free_port() for _ in range(4)))
     )
-    model_dir = launcher.model_dir_from_env()
+    model_dir = launcher.resolve_model_dir(config)
     log = launcher.ROOT / ".triton" / "soak-frontend.log"
     supervisor = launcher.Supervisor(ports, model_dir, model_dir.name, frontend_log=log)
     signal.signal(signal.SIGTERM, supervisor.request_stop)

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from transformers import AutoModel, AutoTokenizer
 
 from frontend.app import create_app
+from frontend.config import FrontendConfig
 from tritonlm.embedding import config as embedding_config
 from tritonlm.embedding.config import SentenceConfig
 from tritonlm.embedding.embedder import Embedder, pool, with_instruction
@@ -159,7 +160,9 @@ def fake() -> FakeTriton:
 
 @pytest.fixture
 def client(fake) -> TestClient:
-    return TestClient(create_app("-", "gen-model", triton=fake, embed_model_name="emb-model"))
+    return TestClient(
+        create_app(FrontendConfig(served_model_name="gen-model", embed_model_name="emb-model"), triton=fake)
+    )
 
 
 def test_openai_shape_chunking_and_base64(client, fake):

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from tritonclient.grpc import service_pb2
 
 from frontend.app import create_app
+from frontend.config import FrontendConfig
 from frontend.engine_client.triton import ENSEMBLE, INPUTS, PREPROCESSING, TritonClient, classify_error
 from frontend.errors import APIError
 from tritonlm.serving.contract import NUMPY_DTYPES
@@ -82,7 +83,9 @@ class FakeTriton:
 
 
 def client_for(fake: FakeTriton) -> TestClient:
-    return TestClient(create_app("unused:8001", "test-model", triton=fake))
+    return TestClient(
+        create_app(FrontendConfig(triton_urls="unused:8001", served_model_name="test-model"), triton=fake)
+    )
 
 
 def post(fake: FakeTriton, body) -> object:
@@ -462,7 +465,11 @@ ENDLESS = [response([(i, "x", 0.0, False)]) for i in range(10_000)]
 def test_stream_disconnect_cancels_the_triton_stream():
     async def scenario():
         fake = FakeTriton(ENDLESS, delay=0.01)
-        messages = await _run_asgi(create_app("-", "m", triton=fake), {"inputs": "Hi", "stream": True}, 3)
+        messages = await _run_asgi(
+            create_app(FrontendConfig(served_model_name="m"), triton=fake),
+            {"inputs": "Hi", "stream": True},
+            3,
+        )
         await asyncio.wait_for(fake.closed.wait(), timeout=1)
         assert not fake.completed
         bodies = [m for m in messages if m["type"] == "http.response.body" and m.get("body")]
@@ -474,7 +481,9 @@ def test_stream_disconnect_cancels_the_triton_stream():
 def test_non_stream_disconnect_cancels_the_triton_stream():
     async def scenario():
         fake = FakeTriton(ENDLESS, delay=0.01)
-        messages = await _run_asgi(create_app("-", "m", triton=fake), {"inputs": "Hi"}, None)
+        messages = await _run_asgi(
+            create_app(FrontendConfig(served_model_name="m"), triton=fake), {"inputs": "Hi"}, None
+        )
         await asyncio.wait_for(fake.closed.wait(), timeout=1)
         assert not fake.completed
         assert messages[0]["status"] == 499
@@ -650,7 +659,13 @@ def test_model_errors_are_named_in_the_callers_api():
 # LoRA adapters by name: each API's field becomes the engine's lora_name (end to end in test_lora_serving)
 def test_adapter_names_select_lora_name_in_every_api():
     fake = FakeTriton()
-    client = TestClient(create_app("unused:8001", "test-model", triton=fake, lora_adapters=["sql"]))
+    client = TestClient(
+        create_app(
+            FrontendConfig(triton_urls="unused:8001", served_model_name="test-model"),
+            triton=fake,
+            lora_adapters=["sql"],
+        )
+    )
     cards = client.get("/v1/models").json()["data"]
     assert [(c["id"], c.get("parent")) for c in cards][:2] == [("test-model", None), ("sql", "test-model")]
     r = client.post("/", json={"inputs": "Hi", "parameters": {"adapter_id": "sql"}})

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from test_frontend_unit import FakeTriton
 
 from frontend.app import create_app
+from frontend.config import FrontendConfig
 from frontend.engine_client.request import Job, MediaItem
 from frontend.media import MediaError, MediaLimits, MediaSources
 from frontend.media.attach import check, fetch_all
@@ -212,10 +213,8 @@ def jobs(monkeypatch) -> list[Job]:
 
 def client(kinds: tuple[str, ...] = ("image",), **limits) -> TestClient:
     app = create_app(
-        "-",
-        "m",
+        FrontendConfig(served_model_name="m", embed_model_name="e"),
         triton=FakeTriton(),
-        embed_model_name="e",
         media_kinds=kinds,
         media=MediaSources(MediaLimits(**limits)),
     )
@@ -320,7 +319,11 @@ def test_text_only_model_refuses_media_in_every_api():
 
 def test_refusals_name_the_part_and_reach_no_model():
     fake = FakeTriton()
-    c = TestClient(create_app("-", "m", triton=fake, media_kinds=("image",), media=MediaSources()))
+    c = TestClient(
+        create_app(
+            FrontendConfig(served_model_name="m"), triton=fake, media_kinds=("image",), media=MediaSources()
+        )
+    )
 
     def chat(*parts):
         return c.post(

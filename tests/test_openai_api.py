@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM
 
 from frontend.app import create_app
+from frontend.config import FrontendConfig
 from tritonlm.text.tokenization import load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("servers")
@@ -513,7 +514,9 @@ def test_seed_001_stream_shapes(servers, model):
 
 def test_full_text_stream_mode(servers, model):
     """The server setting of seed 001's second streaming example: cumulative text, full_text last."""
-    app = create_app(servers.grpc_url, model, stream_full_text=True)
+    app = create_app(
+        FrontendConfig(triton_urls=servers.grpc_url, served_model_name=model, stream_full_text=True)
+    )
     body = {"model": model, "messages": HELLO, "max_tokens": 8, "temperature": 0, "stream": True}
     with TestClient(app) as local:
         text = local.post("/v1/chat/completions", json=body).text

@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import pickle
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ import torch
 from test_frontend_unit import ENDLESS, FakeTriton, _run_asgi, ensemble_inputs, events, response
 
 from frontend.app import create_app
+from frontend.config import FrontendConfig
 from frontend.engine_client.triton import ENSEMBLE, classify_error
 from frontend.errors import APIError
 from frontend.openai_api import prompt_embeds
@@ -24,10 +26,14 @@ from tritonlm.serving import contract
 MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
-def client(fake: FakeTriton, **kwargs):
+def client(fake: FakeTriton, env: dict[str, str] | None = None, **settings):
+    """A client of the app on `fake`, with these settings, else those of `env`, else the defaults."""
     from fastapi.testclient import TestClient
 
-    return TestClient(create_app("-", "m", triton=fake, embed_model_name="e", **kwargs))
+    config = replace(
+        FrontendConfig.load([], env or {}), served_model_name="m", embed_model_name="e", **settings
+    )
+    return TestClient(create_app(config, triton=fake))
 
 
 def chat(fake: FakeTriton, **body):
@@ -258,15 +264,16 @@ def test_stream_with_two_choices():
     assert all("usage" not in c for c in events(r.text.replace("data: [DONE]\n\n", "")))
 
 
-def test_full_text_stream_setting(monkeypatch):
+def test_full_text_stream_setting():
     r = client(FakeTriton(), stream_full_text=True).post(
         "/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}
     )
     chunks = events(r.text.replace("data: [DONE]\n\n", ""))
     assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["Hello", "Hello, world", "Hello, world"]
     assert chunks[-1]["full_text"] == "Hello, world" and "full_text" not in chunks[0]
-    monkeypatch.setenv("TRITONLM_STREAM_FULL_TEXT", "1")
-    r = client(FakeTriton()).post("/v1/completions", json={"model": "m", "prompt": "Hi", "stream": True})
+    r = client(FakeTriton(), env={"TRITONLM_STREAM_FULL_TEXT": "1"}).post(
+        "/v1/completions", json={"model": "m", "prompt": "Hi", "stream": True}
+    )
     assert events(r.text.replace("data: [DONE]\n\n", ""))[-1]["full_text"] == "Hello, world"
 
 
@@ -347,7 +354,7 @@ def test_disconnect_cancels_every_sequence(stream):
     async def scenario():
         fake = CountingFake(ENDLESS, delay=0.01)
         body = {"model": "m", "messages": MESSAGES, "stream": stream, "n": 2}
-        app = create_app("-", "m", triton=fake)
+        app = create_app(FrontendConfig(served_model_name="m"), triton=fake)
         await _run_asgi_at(app, "/v1/chat/completions", body, 3 if stream else None)
         await asyncio.sleep(0.1)
         started = len(fake.calls)

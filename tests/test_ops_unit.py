@@ -3,7 +3,6 @@ log, settings and the documented error statuses. The live-server checks are in t
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -14,13 +13,12 @@ from fastapi.testclient import TestClient
 from test_frontend_unit import HELLO, FakeAioClient, FakeTriton, grpc_response
 
 from frontend.app import create_app
+from frontend.config import ConfigError, FrontendConfig
 from frontend.engine_client.triton import ENSEMBLE, TritonClient
 from frontend.errors import APIError
-from frontend.ops import settings as ops_settings
 from frontend.ops.access_log import ACCESS_LOGGER, JsonFormatter, RequestIdFilter
 from frontend.ops.auth import key_matches
 from frontend.ops.context import RequestRecord, close_record, open_record
-from frontend.ops.settings import OpsSettings, SettingsError
 
 KEYS = ("key-one", "key-two")
 TGI = ("/", {"inputs": "Hi", "parameters": {"max_new_tokens": 3}})
@@ -31,7 +29,7 @@ INVOCATIONS = ("/serving-endpoints/default/invocations", {"prompt": "Hi"})
 
 
 def client(triton=None, **settings) -> TestClient:
-    app = create_app("-", "default", triton=triton or FakeTriton(), ops=OpsSettings(**settings))
+    app = create_app(FrontendConfig(served_model_name="default", **settings), triton=triton or FakeTriton())
     return TestClient(app, raise_server_exceptions=False)
 
 
@@ -193,7 +191,7 @@ def test_metrics_count_requests_refusals_streams_and_token_latencies():
 def test_streams_open_counts_a_stream_while_it_runs():
     import httpx
 
-    app = create_app("-", "default", triton=FakeTriton(delay=0.3), ops=OpsSettings())
+    app = create_app(FrontendConfig(served_model_name="default"), triton=FakeTriton(delay=0.3))
 
     async def scenario():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
@@ -245,12 +243,10 @@ def test_settings_from_env_and_flags(tmp_path):
     cert = tmp_path / "c.pem"
     cert.write_text("-")
     env = {"API_KEY": "a, b,", "MAX_REQUEST_BODY_BYTES": "1000", "LOG_FORMAT": "JSON"}
-    s = OpsSettings.from_env(env)
+    s = FrontendConfig.load([], env)
     assert s.api_keys == ("a", "b") and s.max_body_bytes == 1000 and s.log_format == "json" and not s.tls
-    parser = argparse.ArgumentParser()
-    ops_settings.add_arguments(parser)
-    args = parser.parse_args(["--api-key", "z", "--ssl-certfile", str(cert), "--ssl-keyfile", str(cert)])
-    s = ops_settings.from_args(args, env)
+    args = ["--api-key", "z", "--ssl-certfile", str(cert), "--ssl-keyfile", str(cert)]
+    s = FrontendConfig.load(args, env)
     assert s.api_keys == ("z",) and s.max_body_bytes == 1000 and s.tls
     for bad, words in (
         ({"MAX_REQUEST_BODY_BYTES": "lots"}, "MAX_REQUEST_BODY_BYTES"),
@@ -259,8 +255,8 @@ def test_settings_from_env_and_flags(tmp_path):
         ({"SSL_CERTFILE": "/no", "SSL_KEYFILE": "/no"}, "no such file"),
         ({"SSL_CA_CERTS": str(cert)}, "needs SSL_CERTFILE"),
     ):
-        with pytest.raises(SettingsError, match=words):
-            OpsSettings.parse(bad)
+        with pytest.raises(ConfigError, match=words):
+            FrontendConfig.load([], bad)
 
 
 def test_openapi_documents_each_routes_error_statuses_and_bodies():

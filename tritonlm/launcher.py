@@ -1,17 +1,20 @@
 """Starts tritonserver on the model repository plus the HTTP frontend, and stops both cleanly.
 
-    python -m tritonlm.launcher            # what `make run` does
+    python -m tritonlm.launcher [FLAGS]    # what `make run` does
     python -m tritonlm.launcher --check    # only check that tritonserver can run here
 
 The server binary is the `tritonserver` on PATH (the official container) or, failing that, the one
 bundled in the nvidia-pytriton wheel; its Python-backend stub is then copied next to a writable copy
-of the backends. Ports come from the environment: FRONTEND_PORT 9000, TRITON_HTTP_PORT 8000,
-TRITON_GRPC_PORT 8001, TRITON_METRICS_PORT 8002. TRITON_REPLICAS=N starts N tritonservers (replica i
-on those Triton ports + 100·i) behind the one frontend, which routes across them.
+of the backends. The settings (ports, MODEL_DIR / MODEL, TRITON_REPLICAS, …) are the frontend's
+(frontend/config.py: each a flag, else an environment variable, else its default); the launcher
+passes them on to the frontend and the tritonservers in their environment. TRITON_REPLICAS=N starts
+N tritonservers (replica i on the Triton ports + 100·i) behind the one frontend, which routes across
+them.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes.util
 import http.client
 import json
@@ -26,14 +29,14 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from frontend.config import FrontendConfig
 from tritonlm import processes, smollm2
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
 from tritonlm.serving import contract
-from tritonlm.text import chat_format
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
@@ -55,13 +58,9 @@ class Ports:
     metrics: int = 8002
 
     @classmethod
-    def from_env(cls) -> Ports:
-        env = os.environ
+    def from_config(cls, config: FrontendConfig) -> Ports:
         return cls(
-            frontend=int(env.get("FRONTEND_PORT", 9000)),
-            http=int(env.get("TRITON_HTTP_PORT", 8000)),
-            grpc=int(env.get("TRITON_GRPC_PORT", 8001)),
-            metrics=int(env.get("TRITON_METRICS_PORT", 8002)),
+            config.frontend_port, config.triton_http_port, config.triton_grpc_port, config.triton_metrics_port
         )
 
     def for_replica(self, index: int) -> Ports:
@@ -123,12 +122,16 @@ def start_triton(
     log_path: Path,
     work_dir: Path = ROOT / ".triton",
     server_id: str = "triton",
+    config: FrontendConfig | None = None,
 ) -> subprocess.Popen:
-    """tritonserver in its own process group (its Python stubs join it), signalled when we die."""
+    """tritonserver in its own process group (its Python stubs join it), signalled when we die.
+    `config`: the settings its models read too (MEDIA_*, EMBED_MODEL_DIR); None: the environment's."""
+    config = config or FrontendConfig.load()
     command, env = triton_command(work_dir)
+    env.update(config.environment())
     env["MODEL_DIR"] = str(model_dir)
-    if env.get("EMBED_MODEL_DIR"):  # the embedding model may run in another working directory
-        env["EMBED_MODEL_DIR"] = str(Path(env["EMBED_MODEL_DIR"]).resolve())
+    if config.embed_model_dir:  # the embedding model may run in another working directory
+        env["EMBED_MODEL_DIR"] = str(Path(config.embed_model_dir).resolve())
     command += [
         f"--model-repository={REPOSITORY}",
         f"--http-port={ports.http}",
@@ -143,13 +146,6 @@ def start_triton(
         return processes.spawn(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
 
 
-def replicas_from_env() -> int:
-    value = os.environ.get("TRITON_REPLICAS", "1")
-    if not value.isdigit() or int(value) < 1:
-        raise ConfigError(f"TRITON_REPLICAS: expected a whole number >= 1, got {value!r}")
-    return int(value)
-
-
 def start_frontend(
     ports: Ports,
     model_name: str,
@@ -157,34 +153,27 @@ def start_frontend(
     server_id: str | None = None,
     model_dir: Path | None = None,
     triton_urls: str | None = None,
+    config: FrontendConfig | None = None,
 ) -> subprocess.Popen:
-    """`triton_urls`: several replicas' gRPC addresses, comma-separated (default: `ports.grpc`'s)."""
-    command = [
-        sys.executable, "-m", "frontend",
-        "--port", str(ports.frontend),
-        "--triton-url", triton_urls or f"localhost:{ports.grpc}",
-        "--model-name", model_name,
-        "--embed-model-name", embedding_config.served_name(),
-        "--drain-seconds", str(drain_seconds()),
-    ]  # fmt: skip
-    if server_id:
-        command += ["--triton-server-id", server_id]
-    model_dir = model_dir or model_dir_from_env()
-    command += ["--model-dir", str(model_dir)]  # which media the model takes (its config.json)
-    # The chat template says how the model writes tool calls and thoughts (TRITONLM_* variables win).
-    template = chat_format.read_template(model_dir)
-    command += ["--tool-parser", chat_format.tool_parser(template)]
-    command += ["--reasoning-parser", chat_format.reasoning_parser(template)]
-    if not chat_format.supports_tools(template):
-        command += ["--tools-in-prompt"]
+    """`python -m frontend` with `config` (None: the environment's) as the rest of the arguments say:
+    on `ports.frontend`, reaching `triton_urls` (several replicas' gRPC addresses, comma-separated;
+    default: `ports.grpc`'s). All its settings travel in its environment (API keys stay off the
+    command line); it picks the tool and reasoning parsers from `model_dir`'s chat template."""
+    config = config or FrontendConfig.load()
+    settings = replace(
+        config,
+        frontend_port=ports.frontend,
+        triton_urls=triton_urls or f"localhost:{ports.grpc}",
+        triton_server_id=server_id or "",
+        served_model_name=model_name,
+        model_dir=str(model_dir or resolve_model_dir(config)),  # which media the model takes
+    )
+    command = [sys.executable, "-m", "frontend"]
+    env = {**os.environ, **settings.environment()}
     if log_path is None:
-        return processes.spawn(command, cwd=ROOT)
-    with open(log_path, "ab") as out:
-        return processes.spawn(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-
-
-def drain_seconds() -> float:
-    return float(os.environ.get("DRAIN_SECONDS", 5))
+        return processes.spawn(command, cwd=ROOT, env=env)
+    with open(log_path, "ab") as out:  # the child keeps its own descriptor
+        return processes.spawn(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def http_ok(url: str, expect_name: str | None = None, context: ssl.SSLContext | None = None) -> bool:
@@ -196,19 +185,28 @@ def http_ok(url: str, expect_name: str | None = None, context: ssl.SSLContext | 
             return expect_name is None or json.load(response).get("name") == expect_name
     except http.client.RemoteDisconnected:
         # Mutual TLS: it completed the handshake, then dropped us (we have no client certificate).
-        return context is not None and bool(os.environ.get("SSL_CA_CERTS"))
+        return isinstance(context, OwnFrontendTLS) and context.mutual
     except (OSError, ValueError):
         return False
 
 
-def frontend_health(ports: Ports) -> tuple[str, ssl.SSLContext | None]:
-    """The frontend's /health URL, HTTPS when SSL_CERTFILE is set (frontend/ops/settings.py), with a
-    context for our own server on localhost (its certificate may be self-signed)."""
-    if not os.environ.get("SSL_CERTFILE"):
+class OwnFrontendTLS(ssl.SSLContext):
+    """A client context for our own frontend on localhost (its certificate may be self-signed).
+    `mutual`: it requires client certificates, which we lack, so it drops us after the handshake."""
+
+    mutual = False
+
+
+def frontend_health(ports: Ports, config: FrontendConfig | None = None) -> tuple[str, ssl.SSLContext | None]:
+    """The frontend's /health URL, HTTPS when `config` (None: the environment's) sets SSL_CERTFILE,
+    with a context for our own server."""
+    config = config or FrontendConfig.load()
+    if not config.tls:
         return f"http://127.0.0.1:{ports.frontend}/health", None
-    context = ssl.create_default_context()
+    context = OwnFrontendTLS(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
+    context.mutual = bool(config.ssl_ca_certs)
     return f"https://localhost:{ports.frontend}/health", context
 
 
@@ -240,12 +238,12 @@ def stop(process: subprocess.Popen, timeout: float = 15) -> None:
     processes.stop(process, timeout)
 
 
-def model_dir_from_env() -> Path:
+def resolve_model_dir(config: FrontendConfig) -> Path:
     """MODEL_DIR; else MODEL=tiny: the tiny generated model (made on first use); else the real
     default, SmolLM2-135M-Instruct (converted at set-up, or now)."""
-    if os.environ.get("MODEL_DIR"):
-        return Path(os.environ["MODEL_DIR"]).resolve()
-    model = os.environ.get("MODEL") or "smollm2"  # the Makefile exports MODEL, empty when not given
+    if config.model_dir:
+        return Path(config.model_dir).resolve()
+    model = config.model or "smollm2"  # the Makefile exports MODEL, empty when not given
     if model == "tiny":
         if not (DEFAULT_MODEL_DIR / "config.json").exists():
             from tritonlm.default_model import generate
@@ -258,7 +256,8 @@ def model_dir_from_env() -> Path:
 
 
 def engine_config(model_dir: Path) -> EngineConfig:
-    """The engine's settings for `model_dir`: its config.pbtxt and the TRITONLM_* variables."""
+    """The engine's settings for `model_dir`: its config.pbtxt and the TRITONLM_* variables (which
+    the tritonservers inherit)."""
     env = {**os.environ, "MODEL_DIR": str(model_dir)}
     return EngineConfig.from_config_pbtxt(REPOSITORY / contract.ENGINE / "config.pbtxt", env).resolved()
 
@@ -305,7 +304,8 @@ class Supervisor:
     """tritonserver(s) and the frontend, one job per method: `check_ports`, `start`, `watch`
     (restarts a tritonserver that died, with back-off and a limit, while the frontend answers 503
     or routes to the other replicas), `stop` (the frontend first, draining its requests, then each
-    tritonserver and what is left of its group). `replicas`: how many tritonservers."""
+    tritonserver and what is left of its group). `replicas`: how many tritonservers; `config`: the
+    settings the children get (None: the environment's)."""
 
     def __init__(
         self,
@@ -315,8 +315,10 @@ class Supervisor:
         log_dir: Path = ROOT / ".triton",
         replicas: int = 1,
         frontend_log: Path | None = None,  # None: the frontend logs to our stdout
+        config: FrontendConfig | None = None,
     ):
         self.ports = ports
+        self.config = config or FrontendConfig.load()
         self.frontend_log = frontend_log
         self.model_dir = model_dir
         self.served_name = served_name
@@ -353,7 +355,9 @@ class Supervisor:
     def _start_triton(self, replica: Replica) -> bool:
         log = self.log_dir / replica.log_name
         work_dir = self.log_dir
-        replica.process = start_triton(replica.ports, self.model_dir, log, work_dir, replica.server_id)
+        replica.process = start_triton(
+            replica.ports, self.model_dir, log, work_dir, replica.server_id, self.config
+        )
         url = f"http://127.0.0.1:{replica.ports.http}/v2"
 
         def ours() -> bool:  # ready, and the server we started (not one left over on the port)
@@ -374,8 +378,9 @@ class Supervisor:
             server_id=",".join(r.server_id for r in self.replicas),
             model_dir=self.model_dir,
             triton_urls=",".join(f"localhost:{r.ports.grpc}" for r in self.replicas) if multi else None,
+            config=self.config,
         )
-        url, tls = frontend_health(self.ports)
+        url, tls = frontend_health(self.ports, self.config)
         return wait_ready(url, self.frontend, 120, "frontend", cancelled=lambda: self.stopping, context=tls)
 
     def watch(self) -> int:
@@ -423,14 +428,21 @@ class Supervisor:
 
     def stop(self) -> None:
         if self.frontend is not None:
-            processes.stop(self.frontend, drain_seconds() + 2)
+            processes.stop(self.frontend, self.config.drain_seconds + 2)
         for replica in self.replicas:
             if replica.process is not None:
                 processes.stop(replica.process, TRITON_STOP_TIMEOUT_S)
 
 
-def main() -> int:
-    if "--check" in sys.argv:  # `make setup`: can tritonserver and its Python stub run here?
+def main(argv: list[str] | None = None) -> int:
+    parser = FrontendConfig.parser(
+        prog="python -m tritonlm.launcher",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--check", action="store_true", help="only check that tritonserver can run here")
+    args = parser.parse_args(argv)
+    if args.check:  # `make setup`: can tritonserver and its Python stub run here?
         try:
             command, _ = triton_command(ROOT / ".triton")
         except SetupError as error:
@@ -438,15 +450,18 @@ def main() -> int:
             return 1
         print(f"tritonserver: {command[0]}")
         return 0
-    ports = Ports.from_env()
     try:
-        model_dir = model_dir_from_env()
+        config = FrontendConfig.from_args(args)
+        model_dir = resolve_model_dir(config)
         # The engine's settings as the engine will read them: a bad TRITONLM_* value fails here, at
         # once, instead of as a model that does not load.
         engine = engine_config(model_dir)
-        embed_dir = embedding_config.model_dir()  # fails early, with a hint, when there is none
-        served = os.environ.get("SERVED_MODEL_NAME", model_dir.name)
-        supervisor = Supervisor(ports, model_dir, served, replicas=replicas_from_env())
+        embed_dir = embedding_config.model_dir(config.embed_model_dir)  # fails early, with a hint
+        config = replace(config, model_dir=str(model_dir))
+        ports = Ports.from_config(config)
+        supervisor = Supervisor(
+            ports, model_dir, config.model_name(), replicas=config.triton_replicas, config=config
+        )
         supervisor.check_ports()
         triton_command(supervisor.log_dir)  # setup problems, before anything starts
     except (SetupError, ConfigError, FileNotFoundError, processes.PortBusy) as error:
@@ -463,8 +478,8 @@ def main() -> int:
         if not supervisor.start():
             return 0
         print(
-            f"serving {supervisor.served_name} and {embedding_config.served_name()}: "
-            f"HTTP API {frontend_health(ports)[0].removesuffix('/health')}  "
+            f"serving {supervisor.served_name} and {config.embed_name()}: "
+            f"HTTP API {frontend_health(ports, config)[0].removesuffix('/health')}  "
             f"Triton HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}"
             + (
                 f" (+{REPLICA_PORT_STEP}·i for replica i of {len(supervisor.replicas)})"

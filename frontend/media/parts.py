@@ -25,7 +25,6 @@ _CONFIG = ConfigDict(extra="forbid", strict=True)
 
 # Part type -> media kind.
 URL_PARTS = {"image_url": "image", "video_url": "video", "audio_url": "audio"}
-MEDIA_PARTS = (*URL_PARTS, "input_audio")
 # input_audio's formats -> the MIME type of the data: URL it becomes.
 AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac"}
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import httpx
 
+from frontend.config import FrontendConfig
 from tritonlm.multimodal.limits import MediaError, MediaLimits
 
 _CHUNK = 64 * 1024
@@ -28,13 +28,12 @@ class MediaSources:
     allowed_domains: set[str] | None = None
 
     @classmethod
-    def from_env(cls) -> MediaSources:
-        local = os.environ.get("ALLOWED_LOCAL_MEDIA_PATH", "")
-        domains = os.environ.get("ALLOWED_MEDIA_DOMAINS", "")
+    def from_config(cls, config: FrontendConfig) -> MediaSources:
+        """From the settings ALLOWED_LOCAL_MEDIA_PATH, ALLOWED_MEDIA_DOMAINS and MEDIA_*."""
         return cls(
-            limits=MediaLimits.from_env(),
-            allowed_local_paths=[Path(p).resolve() for p in local.split(os.pathsep) if p] or None,
-            allowed_domains={d.strip().lower() for d in domains.split(",") if d.strip()} or None,
+            limits=config.media_limits,
+            allowed_local_paths=[Path(p).resolve() for p in config.allowed_local_media_paths] or None,
+            allowed_domains={d.lower() for d in config.allowed_media_domains} or None,
         )
 
     async def load(self, url: str, kind: str, part: str, *, chat: bool = False) -> bytes:

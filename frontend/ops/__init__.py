@@ -1,11 +1,13 @@
 """Operations around the APIs: API keys, request ids, body limit, metrics, access logs, and the
-error statuses in /openapi.json. `install` plugs them all into the app; `settings` reads them."""
+error statuses in /openapi.json. `install` plugs them all into the app; their settings are
+`frontend.config.FrontendConfig`'s."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
+from frontend.config import FrontendConfig
 from frontend.ops.access_log import AccessLogMiddleware
 from frontend.ops.auth import ApiKeyMiddleware
 from frontend.ops.guard import ErrorGuardMiddleware
@@ -13,10 +15,9 @@ from frontend.ops.limits import BodyLimitMiddleware
 from frontend.ops.metrics import FrontendMetrics, MetricsMiddleware
 from frontend.ops.openapi import document_errors
 from frontend.ops.request_id import RequestIdMiddleware
-from frontend.ops.settings import OpsSettings
 
 
-def install(app: FastAPI, settings: OpsSettings) -> None:
+def install(app: FastAPI, settings: FrontendConfig) -> None:
     """Add the middlewares (outermost first: request id, access log, metrics, API keys, body limit,
     error guard), `GET /metrics`, and the documented error statuses."""
     app.state.ops = settings

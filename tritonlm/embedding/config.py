@@ -44,11 +44,12 @@ def model_dir(parameter: str = "") -> Path:
     return Path(path) if path else default_model_dir()
 
 
-def served_name() -> str:
-    """The id the APIs report: SERVED_EMBED_MODEL_NAME, else EMBED_MODEL_DIR's directory name."""
-    if name := os.environ.get("SERVED_EMBED_MODEL_NAME"):
+def served_name(name: str | None = None, model_dir: str | None = None) -> str:
+    """The id the APIs report: `name` (None: SERVED_EMBED_MODEL_NAME), else the directory name of
+    `model_dir` (None: EMBED_MODEL_DIR), else the packaged model's."""
+    if name := os.environ.get("SERVED_EMBED_MODEL_NAME") if name is None else name:
         return name
-    if path := os.environ.get("EMBED_MODEL_DIR"):
+    if path := os.environ.get("EMBED_MODEL_DIR") if model_dir is None else model_dir:
         return Path(path).resolve().name
     return DEFAULT_NAME
 

@@ -4,7 +4,6 @@ Python backend, where `triton_python_backend_utils` exists."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -24,13 +23,12 @@ def parameters(args: dict) -> dict[str, str]:
 
 
 def model_dir(params: Mapping[str, str]) -> str:
-    """The model_dir parameter, else the MODEL_DIR environment variable (set by the launcher)."""
-    path = params.get("model_dir") or os.environ.get("MODEL_DIR", "")
-    if not path:
-        raise pb_utils.TritonModelException(
-            "set the model_dir parameter or the MODEL_DIR environment variable"
-        )
-    return path
+    """The checkpoint directory as the engine reads it (EngineConfig: the model_dir parameter,
+    TRITONLM_MODEL_DIR, else MODEL_DIR, which the launcher sets for the tritonservers)."""
+    try:
+        return EngineConfig.from_parameters({"model_dir": params.get("model_dir", "")}).resolved().model_dir
+    except ConfigError as error:
+        raise pb_utils.TritonModelException(str(error)) from None
 
 
 def engine_config(args: dict) -> EngineConfig:
