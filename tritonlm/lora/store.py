@@ -24,6 +24,7 @@ from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.errors import OVERLOAD_MARKER, InvalidRequest
 from tritonlm.lora.adapter import LoraAdapter, Shapes, build_adapter
 from tritonlm.lora.format import AdapterFormatError, parse_lora_modules, peft_to_tensors
+from tritonlm.serving.request_tensors import RequestTensors
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class LoraStore:
         if "lora_name" in tensors:
             if len(given) > 1:
                 raise InvalidRequest("lora_name: give either lora_name or lora_task_id (with its weights)")
-            name = _one(tensors, "lora_name")
+            name = RequestTensors(tensors).value("lora_name")
             name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
             adapter = self.named.get(name)
             if adapter is None:
@@ -69,7 +70,7 @@ class LoraStore:
             return adapter
         if "lora_task_id" not in tensors:
             raise InvalidRequest("lora_task_id: required with lora_weights and lora_config")
-        task_id = int(_one(tensors, "lora_task_id"))
+        task_id = RequestTensors(tensors).integer("lora_task_id")
         if ("lora_weights" in tensors) != ("lora_config" in tensors):
             raise InvalidRequest("lora_weights and lora_config: send both (or neither, for a cached task)")
         adapter = None
@@ -130,10 +131,3 @@ class LoraStore:
     def cached_ids(self) -> list[int]:
         with self.lock:
             return list(self.cache)
-
-
-def _one(tensors: dict[str, np.ndarray], name: str) -> object:
-    value = tensors[name]
-    if value.size != 1:
-        raise InvalidRequest(f"{name}: expected one value, got shape {list(value.shape)}")
-    return value.reshape(-1)[0]

@@ -10,9 +10,23 @@ Sampling semantics of the engine (TensorRT-LLM's): `runtime_top_k` 0 means no to
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric input accepts: [low, high], or (low, high] when `low_open`. A float
+    input must be finite as well, whatever its bounds."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+
+    def admit(self, value: float) -> bool:
+        return (value > self.low if self.low_open else value >= self.low) and value <= self.high
 
 
 @dataclass(frozen=True)
@@ -22,6 +36,8 @@ class Tensor:
     dims: tuple[int, ...]
     optional: bool = True
     default: object = None  # value used when an optional input is absent (None: absent means "off")
+    # The values a numeric input accepts, when they do not depend on the model (token ids do).
+    bounds: Bounds | None = None
     # Batched models only: requests whose shapes differ may share an execute call (allow_ragged_batch).
     ragged: bool = False
     # Batched models only: the shape the model sees (Triton's reshape), e.g. () for a [1] input.
@@ -45,28 +61,35 @@ PREPROCESSING, ENGINE, POSTPROCESSING, ENSEMBLE, EMBEDDING, MULTIMODAL_ENCODER =
 )  # fmt: skip
 
 
-def _scalar(name: str, dtype: str, default: object = None) -> Tensor:
-    return Tensor(name, dtype, (1,), default=default)
+def _scalar(name: str, dtype: str, default: object = None, bounds: Bounds | None = None) -> Tensor:
+    return Tensor(name, dtype, (1,), default=default, bounds=bounds)
+
+
+MAX_BEAM_WIDTH = 16
+MAX_TOP_LOG_PROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
+_AT_LEAST_0, _AT_LEAST_1 = Bounds(0), Bounds(1)
+_PROBABILITY = Bounds(0.0, 1.0)
+_POSITIVE_PROBABILITY = Bounds(0.0, 1.0, low_open=True)
 
 
 # ---------------------------------------------------------------------------------------------
-# engine: seed 003 request tensors (exact names and types) plus typical_p / watermark.
+# engine: TensorRT-LLM's request tensors (exact names and types) plus typical_p / watermark.
 ENGINE_INPUTS: tuple[Tensor, ...] = (
     Tensor("input_ids", "INT32", (1, -1), optional=False),
-    Tensor("request_output_len", "INT32", (1, 1), optional=False),
+    Tensor("request_output_len", "INT32", (1, 1), optional=False, bounds=_AT_LEAST_1),
     _scalar("input_lengths", "INT32"),
     _scalar("streaming", "BOOL", False),
-    _scalar("beam_width", "INT32", 1),
-    _scalar("temperature", "FP32", 1.0),
-    _scalar("runtime_top_k", "INT32", 0),
-    _scalar("runtime_top_p", "FP32", 0.0),
+    _scalar("beam_width", "INT32", 1, Bounds(1, MAX_BEAM_WIDTH)),
+    _scalar("temperature", "FP32", 1.0, Bounds(0.0)),
+    _scalar("runtime_top_k", "INT32", 0, _AT_LEAST_0),
+    _scalar("runtime_top_p", "FP32", 0.0, _PROBABILITY),
     _scalar("len_penalty", "FP32", 1.0),
     _scalar("early_stopping", "INT32", 1),
-    _scalar("repetition_penalty", "FP32", 1.0),
-    _scalar("min_length", "INT32", 0),
+    _scalar("repetition_penalty", "FP32", 1.0, Bounds(0.0, low_open=True)),
+    _scalar("min_length", "INT32", 0, _AT_LEAST_0),
     _scalar("presence_penalty", "FP32", 0.0),
     _scalar("frequency_penalty", "FP32", 0.0),
-    _scalar("no_repeat_ngram_size", "INT32", 0),
+    _scalar("no_repeat_ngram_size", "INT32", 0, _AT_LEAST_0),
     _scalar("random_seed", "UINT64"),
     _scalar("end_id", "INT32", -1),
     _scalar("pad_id", "INT32"),  # validated only: packed batches never pad, so nothing to fill
@@ -99,12 +122,12 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     # draft_acceptance_threshold in place of its random draw.
     Tensor("draft_input_ids", "INT32", (-1,)),
     Tensor("draft_logits", "FP32", (-1, -1)),
-    _scalar("draft_acceptance_threshold", "FP32"),
+    _scalar("draft_acceptance_threshold", "FP32", bounds=_POSITIVE_PROBABILITY),
     # Extensions (TGI's typical_p and watermark; the seeds call them unsupported, we support them).
-    _scalar("typical_p", "FP32", 1.0),
+    _scalar("typical_p", "FP32", 1.0, _POSITIVE_PROBABILITY),
     _scalar("watermark", "BOOL", False),
     # Extensions for the OpenAI APIs. Alternatives per generated token (0-20, needs return_log_probs):
-    _scalar("num_top_log_probs", "INT32", 0),
+    _scalar("num_top_log_probs", "INT32", 0, Bounds(0, MAX_TOP_LOG_PROBS)),
     # Log probs (and num_top_log_probs alternatives) of the prompt tokens, for `echo` with logprobs.
     _scalar("return_prompt_log_probs", "BOOL", False),
     # Detokenization settings: the engine only echoes them, for postprocessing (see below).
@@ -117,10 +140,6 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
 )
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
-
-# Inputs declared for the contract but not implemented yet: a request that sets them is rejected
-# with an error naming the tensor, never silently ignored.
-ENGINE_UNIMPLEMENTED: tuple[str, ...] = ()
 
 # What postprocessing makes of the engine's responses. The engine makes them itself when a client
 # asks for them (the HTTP frontend does: one hop less per token); the ensemble's engine step never does.
@@ -182,7 +201,7 @@ PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
     Tensor("chat_template_kwargs", "BYTES", (1,)),  # JSON object: extra chat template variables
     Tensor("chat_tools", "BYTES", (1,)),  # JSON list of OpenAI tools, for the chat template
     # Absent: as many tokens as fit in the context (max_seq_len minus the prompt).
-    Tensor("max_tokens", "INT32", (1,)),
+    Tensor("max_tokens", "INT32", (1,), bounds=_AT_LEAST_1),
     Tensor("bad_words", "BYTES", (-1,)),
     Tensor("stop_words", "BYTES", (-1,)),
     Tensor("stop_token_ids", "INT32", (-1,)),  # each id stops generation (as a one-token stop word)
@@ -190,13 +209,13 @@ PREPROCESSING_INPUTS: tuple[Tensor, ...] = (
     _scalar("ignore_eos", "BOOL", False),
     _scalar("end_id", "INT32"),
     _scalar("pad_id", "INT32"),
-    _scalar("truncate", "INT32"),  # keep only the last N prompt tokens (TGI's truncate)
+    _scalar("truncate", "INT32", bounds=_AT_LEAST_1),  # keep only the last N prompt tokens (TGI's truncate)
     # Instead of failing when prompt + max_tokens exceed max_seq_len: keep the prompt's last
     # max_seq_len - 1 tokens and lower max_tokens to what fits (Databricks' error_behavior "truncate").
     _scalar("truncate_to_fit", "BOOL", False),
     # P-tuning's virtual prompt: prepend ids vocab_size .. vocab_size + N - 1 (the model's vocab
     # size), i.e. the first N rows of the engine's prompt_embedding_table.
-    _scalar("virtual_tokens", "INT32", 0),
+    _scalar("virtual_tokens", "INT32", 0, _AT_LEAST_0),
     # Multimodal models. TGI's list `inputs`: a JSON list of {"type": "text", "text": ...} and
     # {"type": "image" | "video" | "audio"} parts, rendered without a chat template (each media part
     # becomes the processor's placeholder text); instead of text_input and chat_messages.

@@ -1,33 +1,30 @@
-"""Turns the engine's request tensors (seed 003) into a Request, or a clear error naming a tensor."""
+"""Turns the engine's request tensors (TensorRT-LLM's inference request) into a Request, or a clear
+error naming a tensor.
+
+Each group of tensors has its reader below (prompt, sampling, beams, stops, guide, drafts, adapter);
+what one group excludes in another (beam search against sampling, streaming, guides and drafts, …)
+is decided in `check_combinations` alone.
+"""
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from tritonlm.engine.prompt_table import table_embeds
 from tritonlm.engine.request import DraftTokens, Guide, PromptEmbeds, Request
-from tritonlm.errors import InvalidRequest
+from tritonlm.errors import InvalidRequest, prompt_too_long
+from tritonlm.lora.adapter import LoraAdapter
 from tritonlm.lora.store import LORA_TENSORS, LoraStore
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.serving import contract
-from tritonlm.text.preprocess import as_text, strings
+from tritonlm.serving.contract import Bounds
+from tritonlm.serving.request_tensors import RequestTensors
 from tritonlm.text.tokenization import list_to_words
 
-_INPUTS = contract.by_name(contract.ENGINE_INPUTS)
-MAX_TOP_LOG_PROBS = 20
-MAX_BEAM_WIDTH = 16
-
-
-def _scalar(tensors: dict[str, np.ndarray], name: str) -> object:
-    if name not in tensors:
-        return _INPUTS[name].default
-    value = tensors[name]
-    if value.size != 1:
-        raise InvalidRequest(f"{name}: expected one value, got shape {list(value.shape)}")
-    return value.reshape(-1)[0].item()
+__all__ = ["InvalidRequest", "parse_request"]
 
 
 def _check(ok: bool, message: str) -> None:
@@ -35,81 +32,24 @@ def _check(ok: bool, message: str) -> None:
         raise InvalidRequest(message)
 
 
-def parse_word_list(tensors: dict[str, np.ndarray], name: str, vocab_size: int) -> list[list[int]]:
-    """TensorRT-LLM's [2, N] format: row 0 concatenated ids, row 1 end offsets padded with -1."""
-    if name not in tensors:
-        return []
-    try:
-        words = list_to_words(tensors[name])
-    except ValueError as error:
-        raise InvalidRequest(f"{name}: {error}") from None
-    _check(
-        all(0 <= t < vocab_size for w in words for t in w), f"{name}: token ids must be in [0, {vocab_size})"
-    )
-    return words
+@dataclass(frozen=True)
+class Prompt:
+    ids: np.ndarray  # int64, cut to input_lengths
+    embeds: PromptEmbeds | None
+    max_new_tokens: int
 
 
-def parse_prompt_table(
-    tensors: dict[str, np.ndarray], ids: np.ndarray, vocab_size: int, hidden_size: int | None
-) -> PromptEmbeds | None:
-    """`prompt_embedding_table` [1, P, hidden] and `prompt_vocab_size`: the prompt's ids >= vocab_size
-    select rows of the table (TensorRT-LLM's p-tuning convention); other ids must be tokens."""
-    if "prompt_embedding_table" not in tensors:
-        _check("prompt_vocab_size" not in tensors, "prompt_vocab_size: needs prompt_embedding_table")
-        _check(
-            bool(((ids >= 0) & (ids < vocab_size)).all()),
-            f"input_ids: token ids must be in [0, {vocab_size})",
-        )
-        return None
-    table = tensors["prompt_embedding_table"]
-    _check(
-        table.ndim == 3 and table.shape[0] == 1 and table.shape[1] >= 1,
-        f"prompt_embedding_table: expected shape [1, rows, hidden], got {list(table.shape)}",
-    )
-    rows = table.shape[1]
-    _check(
-        hidden_size is None or table.shape[2] == hidden_size,
-        f"prompt_embedding_table: rows must have the model's hidden size {hidden_size}, got {table.shape[2]}",
-    )
-    _check(bool(np.isfinite(table).all()), "prompt_embedding_table: values must be finite")
-    size = _scalar(tensors, "prompt_vocab_size")
-    size = rows if size is None else size
-    _check(1 <= size <= rows, f"prompt_vocab_size: must be in [1, {rows}] (the table's rows), got {size}")
-    _check(
-        bool(((ids >= 0) & (ids < vocab_size + size)).all()),
-        f"input_ids: must be token ids in [0, {vocab_size}) or prompt-table ids in "
-        f"[{vocab_size}, {vocab_size + size}) (vocab size + prompt_vocab_size)",
-    )
-    return table_embeds(ids, torch.from_numpy(np.ascontiguousarray(table[0])), vocab_size)
+@dataclass(frozen=True)
+class Beams:
+    width: int
+    len_penalty: float
+    early_stopping: int
 
 
-def parse_draft(tensors: dict[str, np.ndarray], vocab_size: int, beam_width: int) -> DraftTokens | None:
-    """`draft_input_ids` [K], `draft_logits` [K, vocab] and `draft_acceptance_threshold`."""
-    if "draft_input_ids" not in tensors:
-        for name in ("draft_logits", "draft_acceptance_threshold"):
-            _check(name not in tensors, f"{name}: needs draft_input_ids")
-        return None
-    _check(beam_width == 1, "draft_input_ids: not with beam search (beam_width > 1)")
-    ids = tensors["draft_input_ids"].reshape(-1).astype(np.int64)
-    _check(
-        bool(((ids >= 0) & (ids < vocab_size)).all()),
-        f"draft_input_ids: token ids must be in [0, {vocab_size})",
-    )
-    probs = None
-    if "draft_logits" in tensors:
-        logits = tensors["draft_logits"]
-        _check(
-            logits.shape == (ids.size, vocab_size),
-            f"draft_logits: expected shape [{ids.size}, {vocab_size}] (draft tokens, vocab size), "
-            f"got {list(logits.shape)}",
-        )
-        _check(not bool(np.isnan(logits).any()), "draft_logits: values must not be NaN")
-        probs = torch.from_numpy(logits.astype(np.float32)).softmax(dim=-1)
-    threshold = _scalar(tensors, "draft_acceptance_threshold")
-    if threshold is not None:
-        _check(probs is not None, "draft_acceptance_threshold: needs draft_logits")
-        _check(0.0 < threshold <= 1.0, f"draft_acceptance_threshold: must be in (0, 1], got {threshold}")
-    return DraftTokens(tuple(ids.tolist()), probs, threshold) if ids.size else None
+@dataclass(frozen=True)
+class Stops:
+    words: list[list[int]]  # stop_words_list's words, token ids
+    strings: list[str]
 
 
 def parse_request(
@@ -124,131 +64,186 @@ def parse_request(
     `adapters`: where the request's LoRA adapter comes from; it is acquired last, once everything
     else is valid, and the caller releases it when the request is over.
     `hidden_size`: the model's, which prompt-table rows must have (None: not checked)."""
-    unimplemented = [n for n in contract.ENGINE_UNIMPLEMENTED if n in tensors]
-    _check(not unimplemented, f"{', '.join(unimplemented)}: not supported by this engine yet")
-    beam_width = _scalar(tensors, "beam_width")
-    _check(
-        1 <= beam_width <= MAX_BEAM_WIDTH, f"beam_width: must be in [1, {MAX_BEAM_WIDTH}], got {beam_width}"
+    reader = RequestTensors(tensors, contract.ENGINE_INPUTS)
+    beams = read_beams(reader)
+    prompt = read_prompt(reader, vocab_size, max_seq_len, hidden_size)
+    params = read_sampling(reader, vocab_size)
+    stops = read_stops(reader, vocab_size)
+    params.stop_token_ids = [w[0] for w in stops.words if len(w) == 1]
+    guide = read_guide(reader)
+    draft = read_draft(reader, vocab_size)
+    streaming = reader.flag("streaming")
+    check_combinations(reader, beams, params, stops, guide, prompt, streaming)
+    lora = acquire_adapter(tensors, adapters)  # last: a request refused after it would hold it
+    return Request(
+        lora=lora,
+        prompt_ids=tuple(prompt.ids.tolist()),
+        max_new_tokens=prompt.max_new_tokens,
+        params=params,
+        streaming=streaming,
+        stop_words=tuple(tuple(w) for w in stops.words),
+        stop_strings=tuple(dict.fromkeys(stops.strings)),
+        beam_width=beams.width,
+        len_penalty=beams.len_penalty,
+        early_stopping=beams.early_stopping,
+        text_wanted=text_wanted,
+        skip_special_tokens=reader.flag("skip_special_tokens"),
+        include_stop_str_in_output=reader.flag("include_stop_str_in_output"),
+        guide=guide,
+        prompt_embeds=prompt.embeds,
+        draft=draft,
     )
-    if beam_width == 1:  # beam search settings: meaningless without beams
-        for name in ("len_penalty", "early_stopping"):
-            value = _scalar(tensors, name)
-            _check(value == _INPUTS[name].default, f"{name}: only applies to beam search (beam_width > 1)")
 
-    ids = tensors["input_ids"].reshape(-1).astype(np.int64)
-    length = _scalar(tensors, "input_lengths")
+
+def check_combinations(
+    reader: RequestTensors,
+    beams: Beams,
+    params: SamplingParams,
+    stops: Stops,
+    guide: Guide | None,
+    prompt: Prompt,
+    streaming: bool,
+) -> None:
+    """The rules that span groups of tensors: what one setting excludes is refused, never ignored."""
+    if params.num_top_log_probs or params.return_prompt_log_probs:
+        _check(params.return_log_probs, "num_top_log_probs and return_prompt_log_probs need return_log_probs")
+    if prompt.embeds is not None:  # table ids are no tokens: they have no log probs
+        _check(not params.return_prompt_log_probs, "return_prompt_log_probs: not with prompt_embedding_table")
+    if beams.width == 1:  # beam search settings: meaningless without beams
+        for name, value in (("len_penalty", beams.len_penalty), ("early_stopping", beams.early_stopping)):
+            unset = value == reader.declared[name].default
+            _check(unset, f"{name}: only applies to beam search (beam_width > 1)")
+    else:
+        _check(params.greedy, "beam_width: beam search is deterministic; leave temperature/top_k/top_p unset")
+        _check(not streaming, "streaming: beam search answers with one final response; set it false")
+        _check(not params.return_generation_logits, "return_generation_logits: not with beam search")
+        _check(
+            all(len(w) == 1 for w in stops.words),
+            "stop_words_list: beam search supports single-token stop words only",
+        )
+        _check(not params.watermark, "watermark: not available with beam search")
+        _check(not stops.strings, "stop_strings: beam search stops on single-token stop words only")
+        _check(guide is None, "guided_decoding_guide: not available with beam search (beam_width > 1)")
+        _check("draft_input_ids" not in reader, "draft_input_ids: not with beam search (beam_width > 1)")
+    if guide is not None:  # the grammar masks one token per step; drafts would be verified unconstrained
+        _check("draft_input_ids" not in reader, "draft_input_ids: not available with guided decoding")
+
+
+def read_beams(reader: RequestTensors) -> Beams:
+    return Beams(
+        width=reader.integer("beam_width"),
+        len_penalty=reader.number("len_penalty"),
+        early_stopping=reader.integer("early_stopping"),
+    )
+
+
+def read_prompt(reader: RequestTensors, vocab_size: int, max_seq_len: int, hidden_size: int | None) -> Prompt:
+    """`input_ids` cut to `input_lengths`, its prompt-table rows, and `request_output_len`."""
+    ids = reader.array("input_ids").reshape(-1).astype(np.int64)
+    length = reader.integer("input_lengths", Bounds(1, ids.size))
     if length is not None:
-        _check(1 <= length <= ids.size, f"input_lengths: must be in [1, {ids.size}], got {length}")
         ids = ids[:length]
     _check(ids.size >= 1, "input_ids: the prompt must have at least one token")
-    prompt_embeds = parse_prompt_table(tensors, ids, vocab_size, hidden_size)
-    _check(
-        ids.size < max_seq_len,
-        f"input_ids: the prompt has {ids.size} tokens; this model accepts at most {max_seq_len - 1}",
-    )
-    max_new = _scalar(tensors, "request_output_len")
-    _check(max_new >= 1, f"request_output_len: must be >= 1, got {max_new}")
+    embeds = read_prompt_table(reader, ids, vocab_size, hidden_size)
+    if ids.size >= max_seq_len:
+        raise prompt_too_long(ids.size, max_seq_len)
+    max_new = reader.integer("request_output_len")
     _check(
         ids.size + max_new <= max_seq_len,
         f"request_output_len: prompt tokens + request_output_len must be <= {max_seq_len} "
         f"(max_seq_len); got {ids.size} + {max_new}",
     )
+    return Prompt(ids, embeds, max_new)
 
-    def number(name: str, low: float, high: float, low_open: bool = False) -> float:
-        value = float(_scalar(tensors, name))
-        ok = math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
-        _check(ok, f"{name}: must be in {'(' if low_open else '['}{low}, {high}], got {value}")
-        return value
 
-    streaming = bool(_scalar(tensors, "streaming"))
-    params = SamplingParams(
-        temperature=number("temperature", 0.0, math.inf),
-        top_k=int(number("runtime_top_k", 0, 2**31 - 1)),
-        top_p=number("runtime_top_p", 0.0, 1.0),
-        typical_p=number("typical_p", 0.0, 1.0, low_open=True),
-        repetition_penalty=number("repetition_penalty", 0.0, math.inf, low_open=True),
-        presence_penalty=number("presence_penalty", -math.inf, math.inf),
-        frequency_penalty=number("frequency_penalty", -math.inf, math.inf),
-        min_length=int(number("min_length", 0, 2**31 - 1)),
-        no_repeat_ngram_size=int(number("no_repeat_ngram_size", 0, 2**31 - 1)),
-        end_id=int(number("end_id", -1, vocab_size - 1)),
-        seed=_scalar(tensors, "random_seed"),
-        watermark=bool(_scalar(tensors, "watermark")),
-        bad_words=parse_word_list(tensors, "bad_words_list", vocab_size),
-        return_log_probs=bool(_scalar(tensors, "return_log_probs")),
-        num_top_log_probs=int(number("num_top_log_probs", 0, MAX_TOP_LOG_PROBS)),
-        return_prompt_log_probs=bool(_scalar(tensors, "return_prompt_log_probs")),
-        return_context_logits=bool(_scalar(tensors, "return_context_logits")),
-        return_generation_logits=bool(_scalar(tensors, "return_generation_logits")),
-    )
-    if params.num_top_log_probs or params.return_prompt_log_probs:
-        _check(params.return_log_probs, "num_top_log_probs and return_prompt_log_probs need return_log_probs")
-    len_penalty = number("len_penalty", -math.inf, math.inf)
-    early_stopping = int(_scalar(tensors, "early_stopping"))
-    stop_words = parse_word_list(tensors, "stop_words_list", vocab_size)
-    stop_strings = strings(tensors, "stop_strings")
-    params.stop_token_ids = [w[0] for w in stop_words if len(w) == 1]
-    if beam_width > 1:  # what beam search cannot honour is refused, never ignored
-        _check(params.greedy, "beam_width: beam search is deterministic; leave temperature/top_k/top_p unset")
-        _check(not streaming, "streaming: beam search answers with one final response; set it false")
-        _check(not params.return_generation_logits, "return_generation_logits: not with beam search")
+def read_prompt_table(
+    reader: RequestTensors, ids: np.ndarray, vocab_size: int, hidden_size: int | None
+) -> PromptEmbeds | None:
+    """`prompt_embedding_table` [1, P, hidden] and `prompt_vocab_size`: the prompt's ids >= vocab_size
+    select rows of the table (TensorRT-LLM's p-tuning convention); other ids must be tokens."""
+    table = reader.array("prompt_embedding_table")
+    if table is None:
+        _check("prompt_vocab_size" not in reader, "prompt_vocab_size: needs prompt_embedding_table")
         _check(
-            all(len(w) == 1 for w in stop_words),
-            "stop_words_list: beam search supports single-token stop words only",
+            bool(((ids >= 0) & (ids < vocab_size)).all()),
+            f"input_ids: token ids must be in [0, {vocab_size})",
         )
-        _check(not params.watermark, "watermark: not available with beam search")
-        _check(not stop_strings, "stop_strings: beam search stops on single-token stop words only")
-    guide = parse_guide(tensors)
-    if guide is not None:
-        _check(beam_width == 1, "guided_decoding_guide: not available with beam search (beam_width > 1)")
-        # The grammar mask covers one token per step; drafts would be verified unconstrained.
-        _check("draft_input_ids" not in tensors, "draft_input_ids: not available with guided decoding")
-    if "pad_id" in tensors:  # packed batches never pad; still, a bad id is the client's mistake
-        number("pad_id", 0, vocab_size - 1)
-    if prompt_embeds is not None:  # table ids are no tokens: they have no log probs
-        _check(not params.return_prompt_log_probs, "return_prompt_log_probs: not with prompt_embedding_table")
-    if "embedding_bias" in tensors:
-        bias = tensors["embedding_bias"].reshape(-1)
+        return None
+    _check(
+        table.ndim == 3 and table.shape[0] == 1 and table.shape[1] >= 1,
+        f"prompt_embedding_table: expected shape [1, rows, hidden], got {list(table.shape)}",
+    )
+    rows = table.shape[1]
+    _check(
+        hidden_size is None or table.shape[2] == hidden_size,
+        f"prompt_embedding_table: rows must have the model's hidden size {hidden_size}, got {table.shape[2]}",
+    )
+    _check(bool(np.isfinite(table).all()), "prompt_embedding_table: values must be finite")
+    size = reader.integer("prompt_vocab_size", Bounds(1, rows))  # the table's rows
+    size = rows if size is None else size
+    _check(
+        bool(((ids >= 0) & (ids < vocab_size + size)).all()),
+        f"input_ids: must be token ids in [0, {vocab_size}) or prompt-table ids in "
+        f"[{vocab_size}, {vocab_size + size}) (vocab size + prompt_vocab_size)",
+    )
+    return table_embeds(ids, torch.from_numpy(np.ascontiguousarray(table[0])), vocab_size)
+
+
+def read_sampling(reader: RequestTensors, vocab_size: int) -> SamplingParams:
+    """The sampling settings, each within its bounds; `pad_id` is only checked (packed batches
+    never pad, but a bad id is still the client's mistake)."""
+    reader.integer("pad_id", Bounds(0, vocab_size - 1))
+    params = SamplingParams(
+        temperature=reader.number("temperature"),
+        top_k=reader.integer("runtime_top_k"),
+        top_p=reader.number("runtime_top_p"),
+        typical_p=reader.number("typical_p"),
+        repetition_penalty=reader.number("repetition_penalty"),
+        presence_penalty=reader.number("presence_penalty"),
+        frequency_penalty=reader.number("frequency_penalty"),
+        min_length=reader.integer("min_length"),
+        no_repeat_ngram_size=reader.integer("no_repeat_ngram_size"),
+        end_id=reader.integer("end_id", Bounds(-1, vocab_size - 1)),
+        seed=reader.value("random_seed"),
+        watermark=reader.flag("watermark"),
+        bad_words=read_word_list(reader, "bad_words_list", vocab_size),
+        return_log_probs=reader.flag("return_log_probs"),
+        num_top_log_probs=reader.integer("num_top_log_probs"),
+        return_prompt_log_probs=reader.flag("return_prompt_log_probs"),
+        return_context_logits=reader.flag("return_context_logits"),
+        return_generation_logits=reader.flag("return_generation_logits"),
+    )
+    bias = reader.array("embedding_bias")
+    if bias is not None:
+        bias = bias.reshape(-1)
         _check(bias.size == vocab_size, f"embedding_bias: expected {vocab_size} values, got {bias.size}")
         params.embedding_bias = torch.from_numpy(bias.astype(np.float32))
-    draft = parse_draft(tensors, vocab_size, beam_width)
-    lora = None  # acquired last: a request refused after this point would hold its adapter
-    if adapters is not None:
-        lora = adapters.acquire(tensors)
-    else:
-        given = [n for n in LORA_TENSORS if n in tensors]
-        _check(not given, f"{', '.join(given)}: this engine serves no LoRA adapters")
-    return Request(
-        lora=lora,
-        prompt_ids=tuple(ids.tolist()),
-        max_new_tokens=max_new,
-        params=params,
-        streaming=streaming,
-        stop_words=tuple(tuple(w) for w in stop_words),
-        stop_strings=tuple(dict.fromkeys(stop_strings)),
-        beam_width=beam_width,
-        len_penalty=len_penalty,
-        early_stopping=early_stopping,
-        text_wanted=text_wanted,
-        skip_special_tokens=bool(_scalar(tensors, "skip_special_tokens")),
-        include_stop_str_in_output=bool(_scalar(tensors, "include_stop_str_in_output")),
-        guide=guide,
-        prompt_embeds=prompt_embeds,
-        draft=draft,
+    return params
+
+
+def read_word_list(reader: RequestTensors, name: str, vocab_size: int) -> list[list[int]]:
+    """TensorRT-LLM's [2, N] format: row 0 concatenated ids, row 1 end offsets padded with -1."""
+    arr = reader.array(name)
+    if arr is None:
+        return []
+    try:
+        words = list_to_words(arr)
+    except ValueError as error:
+        raise InvalidRequest(f"{name}: {error}") from None
+    _check(
+        all(0 <= t < vocab_size for w in words for t in w), f"{name}: token ids must be in [0, {vocab_size})"
     )
+    return words
 
 
-def _text(tensors: dict[str, np.ndarray], name: str) -> str | None:
-    if name not in tensors:
-        return None
-    _check(tensors[name].size == 1, f"{name}: expected one value, got shape {list(tensors[name].shape)}")
-    return as_text(tensors[name].reshape(-1)[0], name)
+def read_stops(reader: RequestTensors, vocab_size: int) -> Stops:
+    return Stops(read_word_list(reader, "stop_words_list", vocab_size), reader.texts("stop_strings"))
 
 
-def parse_guide(tensors: dict[str, np.ndarray]) -> Guide | None:
+def read_guide(reader: RequestTensors) -> Guide | None:
     """The guided-decoding pair (TensorRT-LLM's names). The guide itself is checked when it
     compiles (structured_output.Grammars), off the engine loop."""
-    kind, text = _text(tensors, "guided_decoding_guide_type"), _text(tensors, "guided_decoding_guide")
+    kind, text = reader.text("guided_decoding_guide_type"), reader.text("guided_decoding_guide")
     if kind is None:
         _check(text is None, "guided_decoding_guide: needs guided_decoding_guide_type")
         return None
@@ -258,3 +253,40 @@ def parse_guide(tensors: dict[str, np.ndarray]) -> Guide | None:
     )
     _check(kind == "json" or bool(text), f"guided_decoding_guide: required with guide type {kind}")
     return Guide(kind, text or "")
+
+
+def read_draft(reader: RequestTensors, vocab_size: int) -> DraftTokens | None:
+    """`draft_input_ids` [K], `draft_logits` [K, vocab] and `draft_acceptance_threshold`."""
+    ids = reader.array("draft_input_ids")
+    if ids is None:
+        for name in ("draft_logits", "draft_acceptance_threshold"):
+            _check(name not in reader, f"{name}: needs draft_input_ids")
+        return None
+    ids = ids.reshape(-1).astype(np.int64)
+    _check(
+        bool(((ids >= 0) & (ids < vocab_size)).all()),
+        f"draft_input_ids: token ids must be in [0, {vocab_size})",
+    )
+    probs = None
+    logits = reader.array("draft_logits")
+    if logits is not None:
+        _check(
+            logits.shape == (ids.size, vocab_size),
+            f"draft_logits: expected shape [{ids.size}, {vocab_size}] (draft tokens, vocab size), "
+            f"got {list(logits.shape)}",
+        )
+        _check(not bool(np.isnan(logits).any()), "draft_logits: values must not be NaN")
+        probs = torch.from_numpy(logits.astype(np.float32)).softmax(dim=-1)
+    threshold = reader.number("draft_acceptance_threshold")
+    if threshold is not None:
+        _check(probs is not None, "draft_acceptance_threshold: needs draft_logits")
+    return DraftTokens(tuple(ids.tolist()), probs, threshold) if ids.size else None
+
+
+def acquire_adapter(tensors: dict[str, np.ndarray], adapters: LoraStore | None) -> LoraAdapter | None:
+    """The request's LoRA adapter, held until the caller releases it; refused where none are served."""
+    if adapters is not None:
+        return adapters.acquire(tensors)
+    given = [n for n in LORA_TENSORS if n in tensors]
+    _check(not given, f"{', '.join(given)}: this engine serves no LoRA adapters")
+    return None

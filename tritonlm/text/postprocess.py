@@ -22,7 +22,7 @@ import numpy as np
 
 from tritonlm.errors import InvalidRequest
 from tritonlm.serving import contract
-from tritonlm.text.preprocess import scalar, strings
+from tritonlm.serving.request_tensors import RequestTensors
 from tritonlm.text.stream import TextStream, stop_texts
 from tritonlm.text.tokenization import list_to_words, special_ids, token_texts
 
@@ -96,15 +96,14 @@ class Postprocessor:
         of them); a non-empty `finish_reason` marks the request's last response, which flushes
         held-back text and drops the state. State is kept only for requests that want the text.
         """
-        key = scalar(inputs, "request_key")
-        if key is None:
-            raise InvalidRequest("request_key is required")
+        tensors = RequestTensors(inputs, contract.POSTPROCESSING_INPUTS)
+        key = tensors.value("request_key")
         rows = self._rows(inputs)
-        reasons = strings(inputs, "finish_reason")  # strings() drops the "" of unfinished beams
+        reasons = tensors.texts("finish_reason")  # texts() drops the "" of unfinished beams
         final = bool(reasons)
         out: dict[str, np.ndarray] = {}
         if "text_output" in wanted or "stop_reason" in wanted:
-            stream = self._stream(int(key), inputs)
+            stream = self._stream(int(key), tensors)
             texts = [stream.step(self.tokenizer, b, row, final) for b, row in enumerate(rows)]
             stop_reasons = [stream.stop_reason(b) if final else "" for b in range(len(rows))]
             out["text_output"] = _array("text_output", [t.encode("utf-8") for t in texts])
@@ -157,19 +156,18 @@ class Postprocessor:
             return arr.tolist()
         return [row[: max(0, int(n))] for row, n in zip(arr.tolist(), lengths.tolist(), strict=True)]
 
-    def _stream(self, key: int, inputs: Mapping[str, np.ndarray | None]) -> _Stream:
+    def _stream(self, key: int, tensors: RequestTensors) -> _Stream:
         stream = self._streams.get(key)
         if stream is not None:
             self._streams.move_to_end(key)
             return stream
-        stop_ids = inputs.get("stop_words_list")
-        words = list_to_words(stop_ids) if stop_ids is not None and stop_ids.size else []
-        skip = scalar(inputs, "skip_special_tokens")
-        include = scalar(inputs, "include_stop_str_in_output")
+        stop_ids = tensors.array("stop_words_list")
+        words = list_to_words(stop_ids) if stop_ids.size else []
+        include = "include_stop_str_in_output" in tensors  # else this server's default
         stream = _Stream(
-            skip_special_tokens=True if skip is None else bool(skip),
-            stop_strings=stop_texts(self.tokenizer, strings(inputs, "stop_strings"), words),
-            include_stop=self.include_stop if include is None else bool(include),
+            skip_special_tokens=tensors.flag("skip_special_tokens"),
+            stop_strings=stop_texts(self.tokenizer, tensors.texts("stop_strings"), words),
+            include_stop=tensors.flag("include_stop_str_in_output") if include else self.include_stop,
         )
         self._streams[key] = stream
         while len(self._streams) > self.max_streams:

@@ -11,17 +11,18 @@ model's end-of-turn token) become one-token words of `stop_words_list`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jinja2
 import numpy as np
 
-from tritonlm.errors import InvalidRequest
+from tritonlm.errors import InvalidRequest, prompt_too_long
 from tritonlm.multimodal.architectures import Placeholder
 from tritonlm.multimodal.placeholders import expand_media
 from tritonlm.serving import contract
+from tritonlm.serving.contract import Bounds
+from tritonlm.serving.request_tensors import RequestTensors, required
 from tritonlm.text import chat_format
 from tritonlm.text.tokenization import encode_prompt, ids_to_list, render_chat, token_texts, words_to_list
 
@@ -33,35 +34,6 @@ def _array(name: str, value: Any) -> np.ndarray:
     return np.asarray(value, dtype=contract.NUMPY_DTYPES[_OUT[name].dtype])
 
 
-def as_text(value: Any, name: str) -> str:
-    """One BYTES element (bytes from Triton, str from tests) as text."""
-    if isinstance(value, str):
-        return value
-    try:
-        return bytes(value).decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InvalidRequest(f"{name} must be UTF-8 text ({e.reason} at byte {e.start})") from None
-
-
-def scalar(inputs: Mapping[str, np.ndarray | None], name: str) -> Any | None:
-    """The single value of an input of shape [1] (or [1, 1]); None when absent or empty."""
-    arr = inputs.get(name)
-    if arr is None or np.asarray(arr).size == 0:
-        return None
-    arr = np.asarray(arr)
-    if arr.size != 1:
-        raise InvalidRequest(f"{name} must hold one value, got shape {list(arr.shape)}")
-    return arr.reshape(-1)[0]
-
-
-def strings(inputs: Mapping[str, np.ndarray | None], name: str) -> list[str]:
-    """A BYTES [-1] input as a list of non-empty strings ([] when absent)."""
-    arr = inputs.get(name)
-    if arr is None:
-        return []
-    return [s for s in (as_text(v, name) for v in np.asarray(arr, dtype=object).reshape(-1)) if s]
-
-
 # Arguments of apply_chat_template itself; as template variables they would change how it runs.
 _RESERVED_TEMPLATE_KWARGS = frozenset(
     {
@@ -71,16 +43,6 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
     }
 )  # fmt: skip
 _ROLES = ("system", "user", "assistant", "tool")
-
-
-def _json(inputs: Mapping[str, np.ndarray | None], name: str) -> Any | None:
-    raw = scalar(inputs, name)
-    if raw is None:
-        return None
-    try:
-        return json.loads(as_text(raw, name))
-    except json.JSONDecodeError as e:
-        raise InvalidRequest(f"{name} must be JSON ({e.msg} at character {e.pos})") from None
 
 
 def _message_text(content: Any, where: str, media_kinds: tuple[str, ...] = ()) -> str | list | None:
@@ -188,16 +150,17 @@ class Preprocessor:
 
         Raises InvalidRequest for a client error.
         """
+        tensors = RequestTensors(inputs, contract.PREPROCESSING_INPUTS)
         # P-tuning's virtual prompt: the first rows of the engine's prompt_embedding_table.
-        virtual = self._int(inputs, "virtual_tokens", low=0) or 0
-        ids = [self.model_vocab_size + i for i in range(virtual)] + self._prompt_ids(inputs, virtual)
-        max_tokens = self._int(inputs, "max_tokens", low=1)
-        end_id = self._int(inputs, "end_id", low=-1, high=self.vocab_size - 1)
-        pad_id = self._int(inputs, "pad_id", low=0, high=self.vocab_size - 1)
-        ignore_eos = bool(scalar(inputs, "ignore_eos"))
-        ids, max_tokens = self._fit(ids, max_tokens, bool(scalar(inputs, "truncate_to_fit")))
+        virtual = tensors.integer("virtual_tokens")
+        ids = [self.model_vocab_size + i for i in range(virtual)] + self._prompt_ids(tensors, virtual)
+        max_tokens = tensors.integer("max_tokens")
+        end_id = tensors.integer("end_id", Bounds(-1, self.vocab_size - 1))
+        pad_id = tensors.integer("pad_id", Bounds(0, self.vocab_size - 1))
+        ignore_eos = tensors.flag("ignore_eos")
+        ids, max_tokens = self._fit(ids, max_tokens, tensors.flag("truncate_to_fit"))
 
-        stop_ids = self._stop_token_ids(inputs)
+        stop_ids = self._stop_token_ids(tensors)
         if not ignore_eos:
             stop_ids += [i for i in self.extra_eos_ids if i not in stop_ids]
         if ignore_eos:
@@ -208,11 +171,9 @@ class Preprocessor:
             "input_ids": _array("input_ids", [ids]),
             "input_lengths": _array("input_lengths", [len(ids)]),
             "request_output_len": _array("request_output_len", [[max_tokens]]),
-            "bad_words_list": words_to_list(self.tokenizer, strings(inputs, "bad_words")),
+            "bad_words_list": words_to_list(self.tokenizer, tensors.texts("bad_words")),
             "stop_words_list": ids_to_list([[i] for i in stop_ids]),
-            "stop_strings": _array(
-                "stop_strings", [w.encode("utf-8") for w in strings(inputs, "stop_words")]
-            ),
+            "stop_strings": _array("stop_strings", [w.encode("utf-8") for w in tensors.texts("stop_words")]),
             "out_end_id": _array("out_end_id", [end_id]),
             "out_pad_id": _array("out_pad_id", [self.default_pad_id if pad_id is None else pad_id]),
             "input_token_texts": _array(
@@ -225,40 +186,39 @@ class Preprocessor:
         texts = token_texts(self.tokenizer, [i if i < self.vocab_size else 0 for i in ids])
         return [t if i < self.vocab_size else "" for i, t in zip(ids, texts, strict=True)]
 
-    def _prompt_ids(self, inputs: Mapping[str, np.ndarray | None], virtual: int = 0) -> list[int]:
+    def _prompt_ids(self, tensors: RequestTensors, virtual: int = 0) -> list[int]:
         """The prompt's token ids, media placeholders expanded (table ids numbered after the
         `virtual` rows); none when only virtual tokens are given (embeddings alone)."""
-        raw = scalar(inputs, "text_input")
-        messages = _json(inputs, "chat_messages")
-        parts = _json(inputs, "prompt_parts")
-        truncate = self._int(inputs, "truncate", low=1)
-        prompts = {"text_input": raw, "chat_messages": messages, "prompt_parts": parts}
+        text = tensors.text("text_input")
+        messages = tensors.json("chat_messages")
+        parts = tensors.json("prompt_parts")
+        truncate = tensors.integer("truncate")
+        prompts = {"text_input": text, "chat_messages": messages, "prompt_parts": parts}
         given = [name for name, value in prompts.items() if value is not None]
         if len(given) > 1:
             raise InvalidRequest(
                 f"give one of text_input, chat_messages and prompt_parts, not both {given[0]} and {given[1]}"
             )
         if messages is not None:
-            ids = encode_prompt(self.tokenizer, self._render(inputs, messages), add_special_tokens=False)
+            ids = encode_prompt(self.tokenizer, self._render(tensors, messages), add_special_tokens=False)
             name = "chat_messages"
         elif parts is not None:
             ids = encode_prompt(self.tokenizer, render_parts(parts, self.placeholders))
             name = "prompt_parts"
         else:
-            if raw is None and virtual:
+            if text is None and virtual:
                 return []
-            if raw is None:
+            if text is None:
                 raise InvalidRequest(
                     "text_input is required (or chat_messages, prompt_parts, or virtual_tokens)"
                 )
-            text = as_text(raw, "text_input")
             if not text:
                 raise InvalidRequest("text_input must not be empty")
             ids = encode_prompt(self.tokenizer, text)
             name = "text_input"
         if not ids:
             raise InvalidRequest(f"{name} must encode to at least 1 token")
-        ids = self._expand_media(inputs, ids, name, self.model_vocab_size + virtual)
+        ids = self._expand_media(tensors, ids, name, self.model_vocab_size + virtual)
         if truncate is not None and len(ids) > truncate:
             # TGI's truncate keeps the prompt's end; cutting into an item's rows would feed half of it.
             if any(i >= self.model_vocab_size for i in ids[: len(ids) - truncate]):
@@ -266,13 +226,11 @@ class Preprocessor:
             ids = ids[len(ids) - truncate :]
         return ids
 
-    def _expand_media(
-        self, inputs: Mapping[str, np.ndarray | None], ids: list[int], name: str, first_id: int
-    ) -> list[int]:
+    def _expand_media(self, tensors: RequestTensors, ids: list[int], name: str, first_id: int) -> list[int]:
         """Each media item's placeholder token -> its media_rows[k] table ids, from `first_id` on."""
-        rows_in = inputs.get("media_rows")
-        rows = [] if rows_in is None else [int(r) for r in np.asarray(rows_in).reshape(-1)]
-        kinds = None if inputs.get("media_kinds") is None else strings(inputs, "media_kinds")
+        rows_in = tensors.array("media_rows")
+        rows = [] if rows_in is None else [int(r) for r in rows_in.reshape(-1)]
+        kinds = tensors.texts("media_kinds") if "media_kinds" in tensors else None
         if not self.placeholders:
             if rows:
                 raise InvalidRequest("media_rows: this model is text-only; it takes no media")
@@ -286,16 +244,16 @@ class Preprocessor:
         except ValueError as error:
             raise InvalidRequest(f"{name}: {error}") from None
 
-    def _render(self, inputs: Mapping[str, np.ndarray | None], value: Any) -> str:
+    def _render(self, tensors: RequestTensors, value: Any) -> str:
         messages = chat_messages(value, self.media_kinds)
-        kwargs = _json(inputs, "chat_template_kwargs")
+        kwargs = tensors.json("chat_template_kwargs")
         if kwargs is None:
             kwargs = {}
         if not isinstance(kwargs, dict):
             raise InvalidRequest("chat_template_kwargs must be a JSON object")
         if reserved := sorted(_RESERVED_TEMPLATE_KWARGS & kwargs.keys()):
             raise InvalidRequest(f"chat_template_kwargs: {', '.join(reserved)} cannot be set here")
-        tools = _json(inputs, "chat_tools")
+        tools = tensors.json("chat_tools")
         if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
             raise InvalidRequest("chat_tools must be a JSON list of tool objects")
         messages = chat_format.arguments_as_objects(messages)
@@ -312,13 +270,11 @@ class Preprocessor:
         limit = self.max_seq_len
         if limit is None:
             if max_tokens is None:
-                raise InvalidRequest("max_tokens is required")
+                raise required("max_tokens")
             return ids, max_tokens
         if len(ids) >= limit:
             if not truncate_to_fit:
-                raise InvalidRequest(
-                    f"input_ids: the prompt has {len(ids)} tokens; this model accepts at most {limit - 1}"
-                )
+                raise prompt_too_long(len(ids), limit)
             if any(i >= self.model_vocab_size for i in ids[: len(ids) - (limit - 1)]):
                 raise InvalidRequest(
                     f"input_ids: the prompt has {len(ids)} tokens, over {limit - 1}, and cutting it to fit "
@@ -330,32 +286,13 @@ class Preprocessor:
             max_tokens = room
         return ids, max_tokens
 
-    def _stop_token_ids(self, inputs: Mapping[str, np.ndarray | None]) -> list[int]:
-        arr = inputs.get("stop_token_ids")
+    def _stop_token_ids(self, tensors: RequestTensors) -> list[int]:
+        arr = tensors.array("stop_token_ids")
         if arr is None:
             return []
-        ids = [int(i) for i in np.asarray(arr).reshape(-1)]
+        ids = [int(i) for i in arr.reshape(-1)]
         if bad := [i for i in ids if not 0 <= i < self.vocab_size]:
             raise InvalidRequest(
                 f"stop_token_ids must be token ids in [0, {self.vocab_size - 1}], got {bad[0]}"
             )
         return list(dict.fromkeys(ids))
-
-    @staticmethod
-    def _int(
-        inputs: Mapping[str, np.ndarray | None],
-        name: str,
-        low: int,
-        high: int | None = None,
-        required: bool = False,
-    ) -> int | None:
-        value = scalar(inputs, name)
-        if value is None:
-            if required:
-                raise InvalidRequest(f"{name} is required")
-            return None
-        value = int(value)
-        if value < low or (high is not None and value > high):
-            allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-            raise InvalidRequest(f"{name} must be {allowed}, got {value}")
-        return value
