@@ -16,6 +16,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+from frontend.engine_client.client import EngineClient
 from frontend.engine_client.request import Job
 from frontend.engine_client.steps import (
     Generation,
@@ -28,17 +29,14 @@ from frontend.engine_client.steps import (
     step_outputs,
     steps,
 )
-from frontend.engine_client.triton import ENSEMBLE
 from frontend.errors import APIError
 from frontend.ops.context import SequenceTracker
-
-_SEED_SPACE = 2**64
 
 
 async def _beams(triton: Triton, job: Job) -> list[Generation]:
     """Beam search: the final response holds every beam, best first."""
     beams: list[Generation] = []
-    upstream = triton.stream(ENSEMBLE, job.inputs(), step_outputs(job.with_logprobs))
+    upstream = EngineClient(triton).stream(job, 0, step_outputs(job.with_logprobs))
     tracker = SequenceTracker()
     async with contextlib.aclosing(upstream) as responses:
         try:
