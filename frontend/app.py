@@ -13,7 +13,6 @@ from frontend.chat_tools.reply import check_parsers
 from frontend.config import FrontendConfig
 from frontend.databricks import routes as databricks
 from frontend.embeddings import routes as embeddings
-from frontend.engine_client.pipeline import Pipeline
 from frontend.engine_client.steps import Triton
 from frontend.engine_client.triton import MODELS
 from frontend.errors import APIError
@@ -56,8 +55,7 @@ def create_app(
         client = open_triton(triton_url, server_id=server_id, registry=app.state.metrics.registry)
         if lora_adapters is None:
             app.state.lora_adapters = await engine_lora_adapters(client)
-        # The ensemble's steps run from here, so a client that leaves cancels the engine's request.
-        app.state.triton = Pipeline(client)
+        app.state.triton = client  # the routes' EngineClient runs preprocessing, then the engine
         try:
             yield
         finally:

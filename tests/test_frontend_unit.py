@@ -14,12 +14,19 @@ from tritonclient.grpc import service_pb2
 
 from frontend.app import create_app
 from frontend.config import FrontendConfig
-from frontend.engine_client.triton import ENSEMBLE, INPUTS, PREPROCESSING, TritonClient, classify_error
+from frontend.engine_client.triton import (
+    ENGINE,
+    ENSEMBLE,
+    INPUTS,
+    PREPROCESSING,
+    TritonClient,
+    classify_error,
+)
 from frontend.errors import APIError
 from tritonlm.serving.contract import NUMPY_DTYPES
 
 # ---------------------------------------------------------------------------------------------
-# A fake Triton: each "response" is a list of (id, piece, logprob, special); the ensemble's text of
+# A fake Triton: each "response" is a list of (id, piece, logprob, special); the engine's text of
 # a response is the concatenation of its pieces unless given explicitly.
 
 
@@ -92,9 +99,24 @@ def post(fake: FakeTriton, body) -> object:
     return client_for(fake).post("/", json=body)
 
 
-def ensemble_inputs(fake: FakeTriton) -> dict[str, np.ndarray]:
-    (model, inputs) = [c for c in fake.calls if c[0] == ENSEMBLE][-1]
-    return inputs
+# What the fake's preprocessing makes that reaches the engine (not part of what a request asked for).
+PREPROCESSED = {"input_ids"}
+
+
+def request_inputs(fake: FakeTriton) -> list[dict[str, np.ndarray]]:
+    """Per engine request: its preprocessing inputs and its own engine inputs (model tensor names)."""
+    result, pre = [], {}
+    for model, inputs in fake.calls:
+        if model == PREPROCESSING:
+            pre = inputs
+        elif model == ENGINE:
+            result.append(pre | {k: v for k, v in inputs.items() if k not in PREPROCESSED})
+    return result
+
+
+def sent_inputs(fake: FakeTriton) -> dict[str, np.ndarray]:
+    """What the last engine request sent."""
+    return request_inputs(fake)[-1]
 
 
 def events(text: str) -> list[dict]:
@@ -208,23 +230,23 @@ def test_boundary_values_are_accepted(parameters):
 
 
 # ---------------------------------------------------------------------------------------------
-# What reaches the ensemble: TGI's sampling decision and the engine's greedy convention.
+# What reaches preprocessing and the engine: TGI's sampling decision and the engine's greedy convention.
 
 
 def sent(parameters: dict, stream: bool = False) -> dict[str, np.ndarray]:
     fake = FakeTriton()
     r = post(fake, {"inputs": "Hi", "parameters": parameters, "stream": stream})
     assert r.status_code == 200, r.text
-    return ensemble_inputs(fake)
+    return sent_inputs(fake)
 
 
 def test_greedy_sends_no_sampling_inputs():
     inputs = sent({})
-    assert set(inputs) == {"text_input", "max_tokens", "stream"}
+    assert set(inputs) == {"text_input", "max_tokens", "streaming"}
     assert inputs["text_input"].tolist() == [b"Hi"]
     assert inputs["max_tokens"].tolist() == [20]
-    assert inputs["stream"].tolist() == [False]
-    types = INPUTS[ENSEMBLE]
+    assert inputs["streaming"].tolist() == [False]
+    types = INPUTS[PREPROCESSING] | INPUTS[ENGINE]
     for name, array in inputs.items():
         assert array.dtype == NUMPY_DTYPES[types[name].dtype], name
 
@@ -235,20 +257,20 @@ def test_greedy_sends_no_sampling_inputs():
 )
 def test_parameters_that_do_not_change_the_distribution_stay_greedy(parameters):
     inputs = sent(parameters)
-    assert not {"temperature", "top_k", "top_p", "typical_p", "random_seed"} & set(inputs)
+    assert not {"temperature", "runtime_top_k", "runtime_top_p", "typical_p", "random_seed"} & set(inputs)
 
 
 @pytest.mark.parametrize(
     ("parameters", "expected"),
     [
-        ({"do_sample": True}, {"temperature": 1.0, "top_p": 1.0}),
-        ({"temperature": 0.5}, {"temperature": 0.5, "top_p": 1.0}),
-        ({"top_k": 10}, {"temperature": 1.0, "top_p": 1.0, "top_k": 10}),
-        ({"top_p": 0.95}, {"temperature": 1.0, "top_p": 0.95}),
-        ({"typical_p": 0.5}, {"temperature": 1.0, "top_p": 1.0, "typical_p": 0.5}),
+        ({"do_sample": True}, {"temperature": 1.0, "runtime_top_p": 1.0}),
+        ({"temperature": 0.5}, {"temperature": 0.5, "runtime_top_p": 1.0}),
+        ({"top_k": 10}, {"temperature": 1.0, "runtime_top_p": 1.0, "runtime_top_k": 10}),
+        ({"top_p": 0.95}, {"temperature": 1.0, "runtime_top_p": 0.95}),
+        ({"typical_p": 0.5}, {"temperature": 1.0, "runtime_top_p": 1.0, "typical_p": 0.5}),
         (
             {"do_sample": True, "temperature": 0.7, "top_k": 5, "top_p": 0.9, "seed": 42},
-            {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "random_seed": 42},
+            {"temperature": 0.7, "runtime_top_k": 5, "runtime_top_p": 0.9, "random_seed": 42},
         ),
     ],
 )
@@ -256,12 +278,12 @@ def test_sampling_inputs(parameters, expected):
     inputs = sent(parameters)
     for name, value in expected.items():
         assert inputs[name].tolist() == pytest.approx([value]), name
-    for name in {"top_k", "typical_p"} - set(expected):
+    for name in {"runtime_top_k", "typical_p"} - set(expected):
         assert name not in inputs
     assert inputs["random_seed"].dtype == np.uint64 and inputs["random_seed"][0] > 0
 
 
-def test_other_parameters_map_to_ensemble_inputs():
+def test_other_parameters_map_to_model_inputs():
     inputs = sent(
         {
             "max_new_tokens": 7,
@@ -278,7 +300,7 @@ def test_other_parameters_map_to_ensemble_inputs():
     assert inputs["watermark"].tolist() == [True]
     assert inputs["stop_words"].tolist() == [b"\n", b"END"]
     assert inputs["truncate"].tolist() == [100]
-    assert inputs["stream"].tolist() == [True]
+    assert inputs["streaming"].tolist() == [True]
     assert inputs["return_log_probs"].tolist() == [True]
     assert sent({"stop": "x"})["stop_words"].tolist() == [b"x"]
 
@@ -312,7 +334,7 @@ def test_details_response():
             {"id": 2, "logprob": pytest.approx(-0.1), "special": True, "text": ""},
         ],
     }
-    assert [c[0] for c in fake.calls] == [ENSEMBLE]
+    assert [c[0] for c in fake.calls] == [PREPROCESSING, ENGINE]
 
 
 def test_logprobs_are_null_unless_requested_and_seed_reported_when_sampling():
@@ -627,15 +649,15 @@ def test_one_sampling_rule_for_every_api():
     from frontend.engine_client.request import Job
 
     def sampling(**fields):
-        inputs = Job(prompt="Hi", **fields).inputs(index=1)
-        names = {"temperature", "top_p", "top_k", "typical_p", "random_seed"}
-        return {k: v.reshape(-1)[0].item() for k, v in inputs.items() if k in names}
+        values = Job(prompt="Hi", **fields).values(index=1)
+        names = {"temperature", "runtime_top_p", "runtime_top_k", "typical_p", "random_seed"}
+        return {k: v for k, v in values.items() if k in names}
 
     assert sampling(sample=False) == {}  # TGI's greedy: the engine's defaults
     assert sampling(temperature=0.0) == {"temperature": 0.0}  # OpenAI's greedy, as given
-    assert sampling() == {"temperature": 1.0, "top_p": 1.0}  # top_p 0 would mean greedy
+    assert sampling() == {"temperature": 1.0, "runtime_top_p": 1.0}  # top_p 0 would mean greedy
     assert sampling(temperature=0.5, top_p=0.9, top_k=5, typical_p=0.4, seed=7) == pytest.approx(
-        {"temperature": 0.5, "top_p": 0.9, "top_k": 5, "typical_p": 0.4, "random_seed": 8}
+        {"temperature": 0.5, "runtime_top_p": 0.9, "runtime_top_k": 5, "typical_p": 0.4, "random_seed": 8}
     )
 
 
@@ -669,14 +691,14 @@ def test_adapter_names_select_lora_name_in_every_api():
     cards = client.get("/v1/models").json()["data"]
     assert [(c["id"], c.get("parent")) for c in cards][:2] == [("test-model", None), ("sql", "test-model")]
     r = client.post("/", json={"inputs": "Hi", "parameters": {"adapter_id": "sql"}})
-    assert r.status_code == 200 and ensemble_inputs(fake)["lora_name"].tolist() == [b"sql"]
+    assert r.status_code == 200 and sent_inputs(fake)["lora_name"].tolist() == [b"sql"]
     client.post("/", json={"inputs": "Hi", "parameters": {"adapter_id": "None"}})
-    assert "lora_name" not in ensemble_inputs(fake)
+    assert "lora_name" not in sent_inputs(fake)
     r = client.post("/v1/completions", json={"model": "sql", "prompt": "Hi", "max_tokens": 1})
     assert r.status_code == 200 and r.json()["model"] == "sql"
-    assert ensemble_inputs(fake)["lora_name"].tolist() == [b"sql"]
+    assert sent_inputs(fake)["lora_name"].tolist() == [b"sql"]
     client.post("/serving-endpoints/sql/invocations", json={"messages": [{"role": "user", "content": "Hi"}]})
-    assert ensemble_inputs(fake)["lora_name"].tolist() == [b"sql"]
+    assert sent_inputs(fake)["lora_name"].tolist() == [b"sql"]
     r = client.post("/", json={"inputs": "Hi", "parameters": {"adapter_id": "nope"}})
     assert (
         r.status_code == 422 and "parameters.adapter_id" in r.json()["error"] and "sql" in r.json()["error"]

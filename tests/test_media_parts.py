@@ -1,6 +1,6 @@
 """Media content parts without Triton: parsing into placeholders and MediaRefs, the checks against
 the served model and the limits, concurrent fetching, and what each route puts on its Job (a fake
-Triton answers; a spy on `Job.inputs` keeps the Job the route built)."""
+Triton answers; a spy on `Job.values` keeps the Job the route built)."""
 
 from __future__ import annotations
 
@@ -199,15 +199,15 @@ def test_the_first_refusal_in_prompt_order_is_raised(pair_server):
 
 @pytest.fixture
 def jobs(monkeypatch) -> list[Job]:
-    """Every Job whose ensemble inputs a route asked for."""
+    """Every Job whose model inputs a route asked for."""
     seen: list[Job] = []
-    inputs = Job.inputs
+    values = Job.values
 
     def spy(self: Job, index: int = 0):
         seen.append(self)
-        return inputs(self, index)
+        return values(self, index)
 
-    monkeypatch.setattr(Job, "inputs", spy)
+    monkeypatch.setattr(Job, "values", spy)
     return seen
 
 
@@ -237,7 +237,7 @@ def test_openai_chat_fills_job_media_and_placeholders(jobs):
     assert job.messages == [
         {"role": "user", "content": [CHAT_PARTS[0], {"type": "image", "image": "<image>"}]}
     ]
-    assert "base64" not in str(job.prompt_inputs())  # the bytes never travel as chat text
+    assert "base64" not in str(job.prompt_values())  # the bytes never travel as chat text
 
 
 def test_openai_input_audio_and_shorthand(jobs):

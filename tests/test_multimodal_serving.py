@@ -1,6 +1,6 @@
 """The multimodal_encoder model and its wiring, on a real tritonserver with the real model repository:
 images (tiny Llava) and audio (tiny Qwen2Audio) through the gRPC ensemble and through the
-frontend's Pipeline give transformers' own greedy tokens (generate with the checkpoint's
+frontend's EngineClient give transformers' own greedy tokens (generate with the checkpoint's
 processor), bad media fail naming their item, text still works, concurrent requests keep their own
 media. One server per checkpoint for the session (conftest's multimodal_servers)."""
 
@@ -18,7 +18,6 @@ from PIL import Image
 from transformers.image_utils import load_image
 
 from client.stream import StreamClient
-from frontend.engine_client.pipeline import Pipeline
 from frontend.engine_client.request import Job, MediaItem
 from frontend.engine_client.steps import generate, prompt_tokens
 from frontend.engine_client.triton import TritonClient
@@ -76,11 +75,11 @@ def media_values(kind: str, media: list[bytes]) -> dict:
     }
 
 
-def run_pipeline(servers: Servers, job: Job) -> list[int]:
+def run_engine_client(servers: Servers, job: Job) -> list[int]:
     async def go() -> list[int]:
         client = TritonClient(servers.grpc_url)
         try:
-            return [t.id for t in (await generate(Pipeline(client), job)).tokens]
+            return [t.id for t in (await generate(client, job)).tokens]
         finally:
             await client.close()
 
@@ -222,10 +221,10 @@ class Recorder:
         yield {"output_ids": np.array([[7]], np.int32), "finish_reason": np.array([b"length"], dtype=object)}
 
 
-def test_the_pipeline_calls_the_encoder_only_for_media():
+def test_the_engine_client_calls_the_encoder_only_for_media():
     async def run(job: Job) -> list[tuple[str, dict[str, np.ndarray]]]:
         triton = Recorder()
-        await generate(Pipeline(triton), job)
+        await generate(triton, job)
         return triton.calls
 
     items = (MediaItem("image", b"a", "inputs[0]"), MediaItem("image", b"b", "inputs[2]"))
@@ -339,7 +338,7 @@ def test_image_through_the_ensemble_equals_transformers(llava, reference):
     )
 
 
-def test_audio_through_the_ensemble_and_the_pipeline_equals_transformers(qwen2_audio, reference):
+def test_audio_through_the_ensemble_and_the_engine_client_equals_transformers(qwen2_audio, reference):
     ref = reference["qwen2_audio"]
     clip = wav(1.3, 330)
     content = [{"type": "audio"}, {"type": "text", "text": "What do you hear?"}]
@@ -351,23 +350,23 @@ def test_audio_through_the_ensemble_and_the_pipeline_equals_transformers(qwen2_a
     assert ensemble(qwen2_audio, values) == expected
     item = MediaItem("audio", clip, "messages[0].content[0]")
     messages = [{"role": "user", "content": content}]
-    assert run_pipeline(qwen2_audio, job(messages=messages, media=(item,))) == expected
+    assert run_engine_client(qwen2_audio, job(messages=messages, media=(item,))) == expected
     parts = [{"type": "audio"}, {"type": "text", "text": "Transcribe"}]
     expected = ref.generate("<|audio_bos|><|AUDIO|><|audio_eos|>Transcribe", [clip], "audio")
-    assert run_pipeline(qwen2_audio, job(prompt_parts=parts, media=(item,))) == expected
+    assert run_engine_client(qwen2_audio, job(prompt_parts=parts, media=(item,))) == expected
 
 
-def test_image_through_the_pipeline_counts_its_positions(llava, reference):
+def test_image_through_the_engine_client_counts_its_positions(llava, reference):
     ref = reference["llava"]
     parts = [{"type": "image"}, {"type": "text", "text": "Describe it"}]
     items = (MediaItem("image", png(11), "inputs[0]"),)
     expected = ref.generate("<image>Describe it", [png(11)], "image")
-    assert run_pipeline(llava, job(prompt_parts=parts, media=items, prompt_param="inputs")) == expected
+    assert run_engine_client(llava, job(prompt_parts=parts, media=items, prompt_param="inputs")) == expected
 
     async def prompt() -> list[int]:
         client = TritonClient(llava.grpc_url)
         try:
-            return (await prompt_tokens(Pipeline(client), job(prompt_parts=parts, media=items))).ids
+            return (await prompt_tokens(client, job(prompt_parts=parts, media=items))).ids
         finally:
             await client.close()
 
@@ -392,7 +391,7 @@ def test_bad_media_fail_naming_their_item(llava):
     )
     content = [{"type": "text", "text": "Compare"}, {"type": "image"}, {"type": "image"}]
     with pytest.raises(APIError) as caught:
-        run_pipeline(llava, job(messages=[{"role": "user", "content": content}], media=items))
+        run_engine_client(llava, job(messages=[{"role": "user", "content": content}], media=items))
     assert caught.value.status == 400 and caught.value.param == "messages[0].content[2]"
     assert caught.value.message.startswith("messages[0].content[2]: the bytes are not a supported image")
 
@@ -401,7 +400,7 @@ def test_text_still_works_on_a_multimodal_server(llava, reference):
     ref = reference["llava"]
     expected = ref.generate("Hello there", [], "image")
     assert ensemble(llava, {"text_input": "Hello there"}) == expected
-    assert run_pipeline(llava, job(prompt="Hello there")) == expected
+    assert run_engine_client(llava, job(prompt="Hello there")) == expected
 
 
 def test_concurrent_requests_keep_their_own_images(llava, reference):
@@ -413,12 +412,11 @@ def test_concurrent_requests_keep_their_own_images(llava, reference):
 
     async def all_at_once() -> list[list[int]]:
         client = TritonClient(llava.grpc_url)
-        pipeline = Pipeline(client)
         try:
             jobs = [
                 job(prompt_parts=parts, media=(MediaItem("image", image, "inputs[0]"),)) for image in images
             ]
-            generations = await asyncio.gather(*(generate(pipeline, j) for j in jobs))
+            generations = await asyncio.gather(*(generate(client, j) for j in jobs))
             return [[t.id for t in g.tokens] for g in generations]
         finally:
             await client.close()

@@ -1,4 +1,4 @@
-"""The OpenAI and Databricks routes without Triton: what reaches the ensemble, response and stream
+"""The OpenAI and Databricks routes without Triton: what reaches the models, response and stream
 shapes, errors, fan-out and cancellation, against a fake Triton."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_frontend_unit import ENDLESS, FakeTriton, _run_asgi, ensemble_inputs, events, response
+from test_frontend_unit import ENDLESS, FakeTriton, _run_asgi, events, request_inputs, response, sent_inputs
 
 from frontend.app import create_app
 from frontend.config import FrontendConfig
-from frontend.engine_client.triton import ENSEMBLE, classify_error
+from frontend.engine_client.triton import ENGINE, classify_error
 from frontend.errors import APIError
 from frontend.openai_api import prompt_embeds
 from tritonlm.serving import contract
@@ -42,10 +42,6 @@ def chat(fake: FakeTriton, **body):
 
 def completion(fake: FakeTriton, **body):
     return client(fake).post("/v1/completions", json={"model": "m", "prompt": "Hi", **body})
-
-
-def all_inputs(fake: FakeTriton) -> list[dict[str, np.ndarray]]:
-    return [inputs for model, inputs in fake.calls if model == ENSEMBLE]
 
 
 def values(inputs: dict[str, np.ndarray]) -> dict[str, object]:
@@ -123,19 +119,19 @@ def test_errors_after_the_stream_started_are_an_event_then_done():
 
 
 # ---------------------------------------------------------------------------------------------
-# What reaches the ensemble.
+# What reaches preprocessing and the engine.
 
 
 def test_greedy_chat_inputs():
     fake = FakeTriton()
     r = chat(fake, temperature=0, max_tokens=5, chat_template_kwargs={"enable_thinking": False})
     assert r.status_code == 200, r.text
-    sent = values(ensemble_inputs(fake))
+    sent = values(sent_inputs(fake))
     assert sent == {
         "chat_messages": json.dumps(MESSAGES),
         "chat_template_kwargs": json.dumps({"enable_thinking": False}),
         "max_tokens": 5,
-        "stream": False,
+        "streaming": False,
         "temperature": 0.0,
     }
 
@@ -160,15 +156,16 @@ def test_sampling_and_stop_inputs():
         "echo": True,
     }
     assert completion(fake, **body).status_code == 200
-    sent = values(ensemble_inputs(fake))
-    assert sent["temperature"] == 0.5 and sent["top_p"] == pytest.approx(0.9) and sent["top_k"] == 7
+    sent = values(sent_inputs(fake))
+    assert sent["temperature"] == 0.5 and sent["runtime_top_p"] == pytest.approx(0.9)
+    assert sent["runtime_top_k"] == 7
     assert sent["random_seed"] == 3 and sent["min_length"] == 2
     assert sent["presence_penalty"] == 0.5 and sent["frequency_penalty"] == -0.5
     assert sent["repetition_penalty"] == pytest.approx(1.1)
     assert sent["stop_words"] == ["END"] and sent["stop_token_ids"] == [5, 6]
     assert sent["ignore_eos"] is True and sent["skip_special_tokens"] is False
     assert sent["include_stop_str_in_output"] is True
-    assert sent["return_log_probs"] is True and sent["top_logprobs"] == 3
+    assert sent["return_log_probs"] is True and sent["num_top_log_probs"] == 3
     assert sent["return_prompt_log_probs"] is True  # echo with logprobs lists the prompt's too
     assert sent["text_input"] == "Hi" and "max_tokens" not in sent  # absent: fill the context
 
@@ -176,7 +173,7 @@ def test_sampling_and_stop_inputs():
 def test_n_fans_out_with_consecutive_seeds():
     fake = SeededFake()
     body = completion(fake, n=3, seed=10, temperature=1).json()
-    assert [values(i)["random_seed"] for i in all_inputs(fake)] == [10, 11, 12]
+    assert [values(i)["random_seed"] for i in request_inputs(fake)] == [10, 11, 12]
     assert [c["text"] for c in body["choices"]] == ["s10", "s11", "s12"]
     assert body["usage"]["completion_tokens"] == 3
 
@@ -184,8 +181,8 @@ def test_n_fans_out_with_consecutive_seeds():
 def test_best_of_keeps_the_most_likely():
     fake = SeededFake()
     body = completion(fake, n=2, best_of=4, seed=1).json()
-    assert len(all_inputs(fake)) == 4
-    assert all(values(i)["return_log_probs"] is True for i in all_inputs(fake))
+    assert len(request_inputs(fake)) == 4
+    assert all(values(i)["return_log_probs"] is True for i in request_inputs(fake))
     assert [c["text"] for c in body["choices"]] == ["s1", "s2"]  # cum_log_prob -seed: lowest seeds win
     assert body["choices"][0]["logprobs"] is None
 
@@ -204,9 +201,9 @@ def _beams() -> dict[str, np.ndarray]:
 def test_beam_search():
     fake = FakeTriton([_beams()])
     body = completion(fake, use_beam_search=True, n=2, logprobs=0, max_tokens=2).json()
-    sent = values(ensemble_inputs(fake))
-    assert sent["beam_width"] == 2 and sent["stream"] is False
-    assert not {"temperature", "top_p", "top_k", "random_seed"} & set(sent)
+    sent = values(sent_inputs(fake))
+    assert sent["beam_width"] == 2 and sent["streaming"] is False
+    assert not {"temperature", "runtime_top_p", "runtime_top_k", "random_seed"} & set(sent)
     assert [(c["text"], c["finish_reason"]) for c in body["choices"]] == [("ab", "length"), ("c", "stop")]
     assert body["choices"][1]["logprobs"]["tokens"] == ["c"]
     assert body["usage"]["completion_tokens"] == 3
@@ -319,7 +316,7 @@ def test_databricks_tasks(monkeypatch):
     sent = c.post(
         "/serving-endpoints/completions", json={"model": "m", "prompt": "a", "error_behavior": "truncate"}
     )
-    assert sent.status_code == 200 and values(ensemble_inputs(fake))["truncate_to_fit"] is True
+    assert sent.status_code == 200 and values(sent_inputs(fake))["truncate_to_fit"] is True
     assert c.post("/serving-endpoints/x/invocations", json={"prompt": "a"}).status_code == 404
 
     async def fake_embeddings(request, name, body):
@@ -357,7 +354,7 @@ def test_disconnect_cancels_every_sequence(stream):
         app = create_app(FrontendConfig(served_model_name="m"), triton=fake)
         await _run_asgi_at(app, "/v1/chat/completions", body, 3 if stream else None)
         await asyncio.sleep(0.1)
-        started = len(fake.calls)
+        started = len([call for call in fake.calls if call[0] == ENGINE])
         assert fake.finished == started and not fake.completed
         assert started == 2
 
@@ -372,14 +369,14 @@ async def _run_asgi_at(app, path: str, body: dict, chunks: int | None) -> list[d
 
 
 # ---------------------------------------------------------------------------------------------
-# The frontend runs the ensemble's steps itself (frontend.engine_client.pipeline), wired as the ensemble is.
+# The engine client: preprocessing, then the engine's stream, each fed by the contract's names.
 
 
 class StepsFake:
-    """Preprocessing, engine and postprocessing as a recording fake."""
+    """Preprocessing, the encoder and the engine as a recording fake."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, dict]] = []
+        self.calls: list[tuple] = []
         self.engine_closed = False
 
     async def infer(self, model, inputs):
@@ -391,7 +388,8 @@ class StepsFake:
                 "request_output_len": np.array([[3]], np.int32),
                 "input_token_texts": np.array([b"a", b"b"], dtype=object),
             }
-        return {"text_output": np.array([b"x"], dtype=object), "out_output_ids": inputs["output_ids"]}
+        table = np.ones((1, 3, 2), np.float32)  # the encoder: the client's row, then the media's
+        return {"prompt_embedding_table": table, "media_rows": np.array([[2]], np.int32)}
 
     async def stream(self, model, inputs, outputs=None):
         self.calls.append((model, inputs, outputs))
@@ -405,24 +403,22 @@ class StepsFake:
         return True
 
 
-def test_pipeline_wires_the_steps_like_the_ensemble():
-    from frontend.engine_client.pipeline import Pipeline
+async def _first_response(job, outputs):
+    from frontend.engine_client.client import EngineClient
+
+    fake = StepsFake()
+    stream = EngineClient(fake).stream(job, 0, outputs)
+    first = await anext(stream)
+    await stream.aclose()
+    return fake, first
+
+
+def test_the_engine_client_feeds_preprocessing_then_the_engine():
+    from frontend.engine_client.request import Job
     from frontend.engine_client.steps import step_outputs
 
-    async def scenario(outputs):
-        fake = StepsFake()
-        pipeline = Pipeline(fake)
-        inputs = {
-            "text_input": np.array([b"Hi"], dtype=object),
-            "top_k": np.array([4], np.int32),
-            "stream": np.array([True]),
-        }
-        stream = pipeline.stream(ENSEMBLE, inputs, outputs)
-        first = await anext(stream)
-        await stream.aclose()
-        return fake, first
-
-    fake, first = asyncio.run(scenario(step_outputs(False)))
+    job = Job(prompt="Hi", top_k=4, stream=True)
+    fake, first = asyncio.run(_first_response(job, step_outputs(False)))
     (m1, pre), (m2, engine, asked) = fake.calls  # no postprocessing: the engine makes the text
     assert (m1, m2) == ("preprocessing", "engine")
     assert set(pre) == {"text_input"}
@@ -432,9 +428,50 @@ def test_pipeline_wires_the_steps_like_the_ensemble():
     assert "text_output" in asked and "output_log_probs" not in asked and "request_key" not in asked
     assert first["output_ids"].tolist() == [[0]]
     assert fake.engine_closed  # leaving early closes (so cancels) the engine's stream
-    # Without a list, the engine is asked for every ensemble output.
-    fake, _ = asyncio.run(scenario(None))
-    assert set(fake.calls[1][2]) == {t.name for t in contract.ENSEMBLE_OUTPUTS}
+    # Only the outputs asked for: with log probs, their texts too (contract.TEXT_OUTPUTS).
+    fake, _ = asyncio.run(_first_response(job, step_outputs(True)))
+    assert {"output_log_probs", "token_texts", "top_token_texts"} <= set(fake.calls[1][2])
+
+
+def test_every_model_gets_the_inputs_the_contract_declares_by_name():
+    from frontend.engine_client.client import model_inputs, passed_on
+    from frontend.engine_client.request import Job, MediaItem
+
+    job = Job(prompt="Hi", max_tokens=3, stop=["x"], top_k=2, logprobs=1, prompt_embeds=np.zeros((1, 2)))
+    job.media = (MediaItem("image", b"png", "messages[0].content[1]"),)
+    values = job.values()
+    for model, tensors in (
+        ("preprocessing", contract.PREPROCESSING_INPUTS),
+        ("multimodal_encoder", contract.ENCODER_INPUTS),
+        ("engine", contract.ENGINE_INPUTS),
+    ):
+        declared = {t.name: t for t in tensors}
+        fed = model_inputs(model, values)
+        assert set(fed) == set(values) & set(declared), model
+        for name, array in fed.items():
+            assert array.dtype == contract.NUMPY_DTYPES[declared[name].dtype], (model, name)
+    assert values.keys() <= {
+        t.name for t in contract.PREPROCESSING_INPUTS + contract.ENCODER_INPUTS + contract.ENGINE_INPUTS
+    }
+    assert model_inputs("multimodal_encoder", values)["media"].tolist() == [[b"png"]]
+    assert model_inputs("engine", values)["prompt_embedding_table"].shape == (1, 1, 2)
+    # Outputs feed the next model's inputs of the same name (out_ dropped); undeclared ones never.
+    made = {"out_end_id": np.array([1]), "input_token_texts": np.array([b"a"]), "stray": np.array([0])}
+    assert set(passed_on("preprocessing", made)) == {"end_id", "input_token_texts"}
+    assert set(model_inputs("engine", {}, passed_on("preprocessing", made))) == {"end_id"}
+
+
+def test_media_go_through_the_encoder_whose_table_replaces_the_clients():
+    from frontend.engine_client.request import Job, MediaItem
+
+    job = Job(prompt_parts=[{"type": "image"}], prompt_embeds=np.zeros((1, 2)), sample=False)
+    job.media = (MediaItem("image", b"png", "inputs[0]"),)
+    fake, _ = asyncio.run(_first_response(job, ("text_output",)))
+    (m0, enc), (m1, pre), (m2, engine, _) = fake.calls
+    assert (m0, m1, m2) == ("multimodal_encoder", "preprocessing", "engine")
+    assert set(enc) == {"media", "media_kinds", "prompt_embedding_table", "virtual_tokens"}
+    assert pre["media_rows"].tolist() == [[2]] and pre["virtual_tokens"].tolist() == [1]
+    assert engine["prompt_embedding_table"].shape == (1, 3, 2)  # the encoder's, not the client's
 
 
 def test_prompt_embeds_decoding_is_bounded_and_safe(monkeypatch, tmp_path):

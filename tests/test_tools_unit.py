@@ -1,5 +1,5 @@
 """Tool calls and reasoning through the chat routes, against a fake Triton that "writes" recorded
-replies in small chunks: what reaches the ensemble, the whole reply, and the stream's deltas
+replies in small chunks: what reaches preprocessing and the engine, the whole reply, and the stream's deltas
 (OpenAI's shape; fragments that concatenate to the whole reply's arguments)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from test_frontend_unit import FakeTriton, response
-from test_openai_unit import all_inputs, client, values
+from test_frontend_unit import FakeTriton, request_inputs, response
+from test_openai_unit import client, values
 
 WEATHER = {
     "type": "function",
@@ -47,7 +47,7 @@ def stream_events(fake: FakeTriton, **body) -> list[dict]:
 def test_auto_tool_call_and_reasoning_whole_and_streamed():
     fake = FakeTriton(chunked(REPLY))
     body = post(fake, tools=[WEATHER]).json()
-    sent = values(all_inputs(fake)[0])
+    sent = values(request_inputs(fake)[0])
     assert json.loads(sent["chat_tools"]) == [WEATHER]  # the template sees the tools
     choice = body["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
@@ -81,7 +81,7 @@ def test_no_tools_no_thinking_leaves_the_text_alone():
 def test_tool_choice_none_hides_the_tools_and_reads_no_calls():
     fake = FakeTriton(chunked(REPLY))
     body = post(fake, tools=[WEATHER], tool_choice="none").json()
-    assert "chat_tools" not in values(all_inputs(fake)[0])
+    assert "chat_tools" not in values(request_inputs(fake)[0])
     assert body["choices"][0]["message"]["tool_calls"] == []
     assert "<tool_call>" in body["choices"][0]["message"]["content"]
 
@@ -117,7 +117,7 @@ def tools_in_prompt_guide(**body) -> dict[str, object]:
         .status_code
         == 200
     )
-    return values(all_inputs(fake)[0])
+    return values(request_inputs(fake)[0])
 
 
 def test_auto_with_tools_in_the_prompt_is_held_to_valid_call_blocks():
@@ -142,7 +142,7 @@ def test_auto_with_tools_in_the_prompt_is_held_to_valid_call_blocks():
     # A template that renders the tools itself: auto stays unguided.
     fake = FakeTriton(chunked(REPLY))
     post(fake, tools=[WEATHER])
-    assert "guided_decoding_guide" not in values(all_inputs(fake)[0])
+    assert "guided_decoding_guide" not in values(request_inputs(fake)[0])
 
 
 def test_the_call_block_guide_accepts_valid_calls_only(model_dir):

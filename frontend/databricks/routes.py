@@ -2,7 +2,8 @@
 endpoint name selects the model and the body's fields the task (`messages`: chat, `prompt`:
 completions, `input`: embeddings, served by frontend.embeddings.routes); and
 `POST /serving-endpoints/chat/completions` | `/serving-endpoints/completions` with `model` naming the
-endpoint, which is what the `openai` SDK calls with `base_url=".../serving-endpoints"`.
+endpoint, which is what the `openai` SDK calls with `base_url=".../serving-endpoints"`. They run
+the OpenAI routes' `serve` with Databricks' schemas (databricks.schema) and shapes (databricks.format).
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Request
 from starlette.responses import Response
 
-from frontend.errors import APIError
-from frontend.models import resolve_model
-from frontend.openai_api.format import Meta
-from frontend.openai_api.routes import serve
-from frontend.openai_api.schema import (
+from frontend.databricks.format import DatabricksChatFormat, DatabricksCompletionFormat
+from frontend.databricks.schema import (
     DatabricksChatRequest,
     DatabricksCompletionRequest,
     NamedDatabricksChatRequest,
     NamedDatabricksCompletionRequest,
-    parse_body,
 )
+from frontend.errors import APIError
+from frontend.models import resolve_model
+from frontend.openai_api.routes import serve
+from frontend.openai_api.schema import parse_body
 
 router = APIRouter()
 
@@ -59,19 +60,13 @@ async def invocations(name: str, request: Request, body: Annotated[Any, Body()])
 async def _chat(request: Request, name: str, req: DatabricksChatRequest) -> Response:
     model = resolve_model(request, name, "generate")
     state = request.app.state
-    meta = Meta(
-        "chat",
-        model,
-        databricks=True,
-        tool_parser=state.tool_parser,
-        reasoning_parser=state.reasoning_parser,
-    )
-    return await serve(request, meta, [req.to_job()])
+    fmt = DatabricksChatFormat(model, tool_parser=state.tool_parser, reasoning_parser=state.reasoning_parser)
+    return await serve(request, fmt, [req.to_job()])
 
 
 async def _completions(request: Request, name: str, req: DatabricksCompletionRequest) -> Response:
     model = resolve_model(request, name, "generate")
-    return await serve(request, Meta("completion", model, databricks=True), req.to_jobs())
+    return await serve(request, DatabricksCompletionFormat(model), req.to_jobs())
 
 
 async def _embeddings(request: Request, name: str, body: dict[str, Any]) -> Any:

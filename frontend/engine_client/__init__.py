@@ -1,1 +1,2 @@
-"""Talking to Triton: the gRPC client, the pipeline the frontend runs, engine responses as steps."""
+"""Talking to Triton: the gRPC client, the engine client (preprocessing, then the engine's stream),
+engine responses as steps."""

@@ -1,9 +1,10 @@
 """What to generate, in engine terms, for every API: a `Job` (one prompt, its settings, and the
-API's names for the fields the models may complain about) and its ensemble inputs.
+API's names for the fields the models may complain about) and its values for the models.
 
-Both `POST /` (TGI) and the OpenAI-style routes fill a Job; `Job.inputs` is the one place that turns
-settings into tensors (the sampling rule included) and `Job.named` the one place that renames a
-model's error into the caller's field.
+Both `POST /` (TGI) and the OpenAI-style routes fill a Job; `Job.values` is the one place that turns
+settings into the models' tensor names (the sampling rule included; `engine_client.client` hands each
+model the ones it declares) and `Job.named` the one place that renames a model's error into the
+caller's field.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from frontend.chat_tools.tools import ToolSpec
-from frontend.engine_client.triton import ENSEMBLE, tensors
 from frontend.errors import APIError
 
 _SEED_SPACE = 2**64
@@ -122,8 +122,8 @@ class Job:
         """Whether the engine must compute log probs (reported, or needed to rank)."""
         return self.logprobs is not None or self.ranked
 
-    def prompt_inputs(self) -> dict[str, Any]:
-        """The inputs that decide the prompt's tokens (for the ensemble and for preprocessing)."""
+    def prompt_values(self) -> dict[str, Any]:
+        """The values that decide the prompt's text (media aside), by preprocessing's input names."""
         values: dict[str, Any] = {}
         if self.messages is not None:
             values["chat_messages"] = json.dumps(self.messages, ensure_ascii=False)
@@ -145,11 +145,37 @@ class Job:
             values["truncate_to_fit"] = True
         return values
 
-    def inputs(self, index: int = 0) -> dict[str, np.ndarray]:
-        """Ensemble inputs for sequence `index` of this job. Only what differs from the models'
-        defaults is sent."""
-        values = self.prompt_inputs()
-        values["stream"] = self.stream and not self.beam_search
+    def media_values(self) -> dict[str, Any]:
+        """The media items ([1, items]: one request) and the client's own table rows, by the
+        encoder's input names; {} without either."""
+        values: dict[str, Any] = {}
+        if self.media:
+            values["media"] = [[item.data for item in self.media]]
+            values["media_kinds"] = [[item.kind.encode() for item in self.media]]
+        if self.prompt_embeds is not None:
+            values["prompt_embedding_table"] = self.prompt_embeds  # tensors() adds the batch axis
+        return values
+
+    def values(self, index: int = 0) -> dict[str, Any]:
+        """Sequence `index` of this job in the models' own tensor names (contract.PREPROCESSING_INPUTS,
+        ENCODER_INPUTS, ENGINE_INPUTS): each model takes those it declares. Only what differs from
+        the models' defaults is sent."""
+        return self.prompt_values() | self._stop_values() | self.media_values() | self._engine_values(index)
+
+    def _stop_values(self) -> dict[str, Any]:
+        """What ends a sequence besides max_tokens, by preprocessing's input names."""
+        values: dict[str, Any] = {}
+        if self.stop:
+            values["stop_words"] = self.stop
+        if self.stop_token_ids:
+            values["stop_token_ids"] = self.stop_token_ids
+        if self.ignore_eos:
+            values["ignore_eos"] = True
+        return values
+
+    def _engine_values(self, index: int) -> dict[str, Any]:
+        """Decoding settings, by the engine's input names."""
+        values: dict[str, Any] = {"streaming": self.stream and not self.beam_search}
         if self.beam_search:
             values["beam_width"] = self.best_of  # deterministic: no sampling inputs
         else:
@@ -165,12 +191,6 @@ class Job:
             values["watermark"] = True
         if self.min_tokens:
             values["min_length"] = self.min_tokens
-        if self.stop:
-            values["stop_words"] = self.stop
-        if self.stop_token_ids:
-            values["stop_token_ids"] = self.stop_token_ids
-        if self.ignore_eos:
-            values["ignore_eos"] = True
         if not self.skip_special_tokens:
             values["skip_special_tokens"] = False
         if self.include_stop_str_in_output:
@@ -180,24 +200,13 @@ class Job:
             values["guided_decoding_guide"] = self.guide.text
         if self.lora_name is not None:
             values["lora_name"] = self.lora_name
-        if self.prompt_embeds is not None:
-            values["prompt_embedding_table"] = self.prompt_embeds  # tensors() adds the batch axis
         if self.with_logprobs:
             values["return_log_probs"] = True
             if self.logprobs:
-                values["top_logprobs"] = self.logprobs
+                values["num_top_log_probs"] = self.logprobs
             if self.echo and self.logprobs is not None:
                 values["return_prompt_log_probs"] = True
-        return tensors(ENSEMBLE, **values) | self.media_inputs()
-
-    def media_inputs(self) -> dict[str, np.ndarray]:
-        """The media items as `media` and `media_kinds` ([1, items] each: one request); {} without."""
-        if not self.media:
-            return {}
-        return {
-            "media": np.array([[item.data for item in self.media]], dtype=object),
-            "media_kinds": np.array([[item.kind.encode() for item in self.media]], dtype=object),
-        }
+        return values
 
     def _sampling(self, index: int) -> dict[str, Any]:
         """The one sampling rule of every API. Greedy sends nothing (the engine's defaults, top_k 0
@@ -207,10 +216,10 @@ class Job:
             return {"temperature": 0.0} if self.temperature == 0 else {}
         values: dict[str, Any] = {
             "temperature": 1.0 if self.temperature is None else self.temperature,
-            "top_p": 1.0 if self.top_p is None else self.top_p,
+            "runtime_top_p": 1.0 if self.top_p is None else self.top_p,
         }
         if self.top_k:
-            values["top_k"] = self.top_k
+            values["runtime_top_k"] = self.top_k
         if self.typical_p is not None:
             values["typical_p"] = self.typical_p
         if self.seed is not None:

@@ -1,5 +1,5 @@
-"""Runs a Job on the ensemble and reads its streamed responses as `Step`s: the new text, the
-tokens, and the finish reason.
+"""Runs a Job on the engine (`EngineClient`) and reads its streamed responses as `Step`s: the new
+text, the tokens, and the finish reason.
 
 API-neutral: every route shapes these into its own JSON; `steps` is the one generation path.
 """
@@ -8,32 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
+from frontend.engine_client.client import EngineClient
 from frontend.engine_client.request import Job
-from frontend.engine_client.triton import ENSEMBLE, MULTIMODAL_ENCODER, PREPROCESSING, tensors
+from frontend.engine_client.triton import Triton
 from frontend.errors import APIError
 from frontend.ops.context import SequenceTracker
 
 T = TypeVar("T")
-
-
-class Triton(Protocol):
-    """What the routes need from Triton; `frontend.engine_client.triton.TritonClient` or a test fake."""
-
-    def stream(
-        self, model: str, inputs: dict[str, np.ndarray], outputs: Iterable[str] | None = None
-    ) -> AsyncIterator[dict[str, np.ndarray]]: ...
-
-    async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
-
-    async def ready(self, models: Iterable[str]) -> bool: ...
-
-    async def model_parameters(self, model: str) -> dict[str, str]: ...
 
 
 @dataclass
@@ -141,7 +128,7 @@ def _top(
     ]
 
 
-# The ensemble outputs `parse_step` reads: always, and with log probs (or token details) on.
+# The engine outputs `parse_step` reads: always, and with log probs (or token details) on.
 STEP_OUTPUTS = (
     "text_output",
     "output_ids",
@@ -250,7 +237,7 @@ async def steps(triton: Triton, job: Job, index: int = 0) -> AsyncGenerator[Step
     """Sequence `index` of `job`, step by step; a model's error is renamed into the job's API."""
     # aclosing: closing this generator must close Triton's stream now (which cancels the request),
     # not whenever the garbage collector gets to it.
-    upstream = triton.stream(ENSEMBLE, job.inputs(index), step_outputs(job.with_logprobs))
+    upstream = EngineClient(triton).stream(job, index, step_outputs(job.with_logprobs))
     tracker = SequenceTracker(counts_prompt=index == 0)  # token counts and timings for logs, metrics
     async with contextlib.aclosing(upstream) as responses:
         try:
@@ -294,13 +281,8 @@ class Prompt:
 
 
 async def prompt_tokens(triton: Triton, job: Job) -> Prompt:
-    inputs = tensors(PREPROCESSING, **job.prompt_inputs())
     try:
-        if job.media:  # the media's positions count: their rows per item come from the encoder
-            media = job.media_inputs()
-            encoded = await triton.infer(MULTIMODAL_ENCODER, media)
-            inputs |= {"media_rows": encoded["media_rows"], "media_kinds": media["media_kinds"]}
-        out = await triton.infer(PREPROCESSING, inputs)
+        out = await EngineClient(triton).prompt(job)
     except APIError as error:
         raise job.named(error) from None
     texts = out.get("input_token_texts", np.array([], dtype=object)).reshape(-1)

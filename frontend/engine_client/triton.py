@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -31,20 +31,26 @@ from frontend.errors import APIError
 from frontend.ops.context import request_id
 from tritonlm.errors import CLIENT_ERROR_MARKER, OVERLOAD_MARKER
 from tritonlm.serving import contract
-from tritonlm.serving.contract import NUMPY_DTYPES, Tensor
+from tritonlm.serving.contract import (
+    EMBEDDING,
+    ENGINE,
+    ENSEMBLE,
+    MULTIMODAL_ENCODER,
+    NUMPY_DTYPES,
+    POSTPROCESSING,
+    PREPROCESSING,
+    Tensor,
+)
 
-ENSEMBLE = "ensemble"
-PREPROCESSING = "preprocessing"
-EMBEDDING = "embedding"
-MULTIMODAL_ENCODER = contract.MULTIMODAL_ENCODER
-MODELS = (ENSEMBLE, PREPROCESSING, "engine", "postprocessing", EMBEDDING, MULTIMODAL_ENCODER)
+# The models of model_repository/, as the contract names them (/health waits for all of them).
+MODELS = (ENSEMBLE, PREPROCESSING, ENGINE, POSTPROCESSING, EMBEDDING, MULTIMODAL_ENCODER)
 
 # Inputs of each model we may call, by name: the contract decides every datatype.
 INPUTS: dict[str, dict[str, Tensor]] = {
     ENSEMBLE: contract.by_name(tuple(t for t, _ in contract.ENSEMBLE_INPUTS)),
     PREPROCESSING: contract.by_name(contract.PREPROCESSING_INPUTS),
-    "engine": contract.by_name(contract.ENGINE_INPUTS),
-    "postprocessing": contract.by_name(contract.POSTPROCESSING_INPUTS),
+    ENGINE: contract.by_name(contract.ENGINE_INPUTS),
+    POSTPROCESSING: contract.by_name(contract.POSTPROCESSING_INPUTS),
     EMBEDDING: contract.by_name(contract.EMBEDDING_INPUTS),
     MULTIMODAL_ENCODER: contract.by_name(contract.ENCODER_INPUTS),
 }
@@ -151,6 +157,20 @@ def _inputs(model: str, arrays: dict[str, np.ndarray]) -> list[InferInput]:
 def _outputs(response: service_pb2.ModelInferResponse) -> dict[str, np.ndarray]:
     result = InferResult(response)
     return {out.name: result.as_numpy(out.name) for out in response.outputs}
+
+
+class Triton(Protocol):
+    """What the frontend needs from Triton: a `TritonClient`, a `Router` over replicas, or a test fake."""
+
+    def stream(
+        self, model: str, inputs: dict[str, np.ndarray], outputs: Iterable[str] | None = None
+    ) -> AsyncIterator[dict[str, np.ndarray]]: ...
+
+    async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    async def ready(self, models: Iterable[str]) -> bool: ...
+
+    async def model_parameters(self, model: str) -> dict[str, str]: ...
 
 
 class TritonClient:

@@ -1,9 +1,8 @@
-"""The JSON of the OpenAI-style responses: chat completions (seed 001), completions (seed 004) and
-Databricks' variants (seed 002), whole or as stream chunks.
+"""What every OpenAI-style response shares: the `Format` of one request (its envelope, its usage,
+the whole response) and the `Stream` that turns (choice index, engine step) pairs into chunks.
 
-A `Stream` turns (choice index, engine step) pairs into chunks: a `delta` (or `text`) per step,
-exactly one chunk per choice with its `finish_reason`, and usage (and, in the cumulative-text
-mode of seed 001's second streaming example, `full_text`) on the stream's last chunk.
+The chat and completion shapes are `chat_format.ChatFormat` and `completion_format.CompletionFormat`;
+a variant of an API (another vendor's shapes) subclasses them and overrides their hooks.
 """
 
 from __future__ import annotations
@@ -11,15 +10,13 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Protocol
 
-from frontend.chat_tools.reply import ReplyDelta, ReplyReader, reply_reader, tool_call_deltas, tool_calls_json
 from frontend.engine_client.request import Job
-from frontend.engine_client.steps import Generation, Prompt, Step, Token, TopToken
-from frontend.openai_api.jobs import Usage, stop_reason, usage
+from frontend.engine_client.steps import Generation, Prompt, Step
 
-Kind = Literal["chat", "completion"]
 # The engine's finish reasons in OpenAI's words: stopped by the end token, a stop string or a stop
 # token id ("stop"), or by max_tokens / the model's context ("length").
 FINISH_REASONS = {"end_id": "stop", "stop_words": "stop", "length": "length", "cancelled": "stop"}
@@ -30,209 +27,124 @@ def finish_reason(engine_reason: str) -> str | None:
     return FINISH_REASONS.get(engine_reason, engine_reason) if engine_reason else None
 
 
-def _logprob(value: float | None) -> float:
+def logprob(value: float | None) -> float:
     return MIN_LOGPROB if value is None or not math.isfinite(value) else max(value, MIN_LOGPROB)
 
 
-@dataclass
-class Meta:
-    """What every response and chunk of one request repeats."""
+# ---------------------------------------------------------------------------------------------
+# Usage across choices.
 
-    kind: Kind
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    batch_size: list[int] = field(default_factory=list)  # per generated token
+    queue_wait_us: list[int] = field(default_factory=list)  # per generated token
+    prefill_ms: float = 0.0
+    decode_ms: list[float] = field(default_factory=list)  # per token after the first
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+def usage(jobs: list[Job], choices: list[list[Generation]]) -> Usage:
+    """Each prompt counts once; every returned token counts. The per-token timings of several
+    sequences follow each other, choice by choice; beams share their steps, so they count once."""
+    result = Usage()
+    for job, gens in zip(jobs, choices, strict=True):
+        if not gens:
+            continue
+        first = gens[0]
+        result.prompt_tokens += first.prompt_tokens or 0
+        result.cached_tokens += first.cached_tokens or 0
+        if not result.prefill_ms and first.prefill_ms is not None:
+            result.prefill_ms = first.prefill_ms
+        result.completion_tokens += sum(len(g.tokens) for g in gens)
+        for gen in gens[:1] if job.beam_search else gens:
+            result.batch_size += gen.batch_sizes
+            result.queue_wait_us += gen.queue_wait_us
+            result.decode_ms += gen.decode_ms[1:]  # the first token's time is the prefill
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# One request's format.
+
+
+class ChoiceStream(Protocol):
+    """One choice of a stream: its chunk's `choices` entry per step, and its text so far."""
+
+    text: str  # the text the cumulative (full_text) mode reports for this choice
+
+    def push(self, step: Step) -> dict[str, Any]: ...
+
+
+@dataclass
+class Format(ABC):
+    """What every response and chunk of one request repeats, and how its choices look."""
+
+    ID_PREFIX: ClassVar[str]
+    OBJECT: ClassVar[str]  # the whole response's `object`
+    CHUNK_OBJECT: ClassVar[str]
+
     model: str
-    databricks: bool = False  # Databricks' shapes (seed 002): plain usage, no timings
-    full_text: bool = False  # cumulative stream text (seed 001, fullTextEnabled)
-    # How chat replies are read (frontend.chat_tools): the model's tool-call format, and "think"
-    # to split <think> blocks off as reasoning_content ("none": never).
-    tool_parser: str = "hermes"
-    reasoning_parser: str = "think"
+    full_text: bool = False  # cumulative stream text (seed 001's second streaming example)
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
-        self.id = self.id or f"{'chatcmpl' if self.kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        self.id = self.id or f"{self.ID_PREFIX}-{uuid.uuid4().hex}"
 
     def envelope(self, chunk: bool) -> dict[str, Any]:
-        if self.kind == "chat":
-            # Seed 002 spells the non-streamed object "chat.completions"; OpenAI "chat.completion".
-            obj = (
-                "chat.completion.chunk"
-                if chunk
-                else ("chat.completions" if self.databricks else "chat.completion")
-            )
-        else:
-            obj = "text_completion"
+        obj = self.CHUNK_OBJECT if chunk else self.OBJECT
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-
-def usage_json(meta: Meta, u: Usage) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens,
-    }
-    if meta.databricks:
-        return body
-    return {
-        "prompt_tokens": u.prompt_tokens,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.total_tokens,
-        "batch_size": u.batch_size,
-        "queue_wait_time": u.queue_wait_us,  # µs, one entry per generated token
-    }
-
-
-def timings_json(u: Usage) -> dict[str, Any]:
-    """Seed 001's chat extras, in whole milliseconds like its examples."""
-    return {"prefill_time": round(u.prefill_ms), "decode_time_arr": [round(ms) for ms in u.decode_ms]}
-
-
-# ---------------------------------------------------------------------------------------------
-# Log probs
-
-
-def _top_entry(top: TopToken) -> dict[str, Any]:
-    return {"token": top.text, "logprob": _logprob(top.logprob), "bytes": list(top.text.encode("utf-8"))}
-
-
-def chat_logprobs(tokens: list[Token], k: int) -> dict[str, Any]:
-    """OpenAI's chat `logprobs`: per token its text, log prob, UTF-8 bytes and k alternatives."""
-    return {
-        "content": [
-            {
-                "token": t.text,
-                "logprob": _logprob(t.logprob),
-                "bytes": list(t.text.encode("utf-8")),
-                "top_logprobs": [_top_entry(a) for a in t.top[:k]],
-            }
-            for t in tokens
-        ]
-    }
-
-
-@dataclass
-class CompletionLogprobs:
-    """Seed 004's `logprobs` of one choice, built step by step: `text_offset` counts characters of
-    the token strings from the start of the choice's text (the prompt too, with echo); each
-    `top_logprobs` entry maps the chosen token and its k best alternatives to their log probs."""
-
-    k: int
-    offset: int = 0
-
-    def render(self, tokens: list[tuple[str, float | None, list[TopToken] | None]]) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {
-            "text_offset": [],
-            "token_logprobs": [],
-            "tokens": [],
-            "top_logprobs": [],
+    def usage_json(self, u: Usage) -> dict[str, Any]:
+        return {
+            "prompt_tokens": u.prompt_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+            "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens,
+            "batch_size": u.batch_size,
+            "queue_wait_time": u.queue_wait_us,  # µs, one entry per generated token
         }
-        for text, logprob, top in tokens:
-            out["text_offset"].append(self.offset)
-            self.offset += len(text)
-            out["tokens"].append(text)
-            if top is None or logprob is None:  # the prompt's first token: nothing predicts it
-                out["token_logprobs"].append(None)
-                out["top_logprobs"].append(None)
-                continue
-            out["token_logprobs"].append(_logprob(logprob))
-            entry = {text: _logprob(logprob)}
-            for alt in top[: self.k]:
-                entry.setdefault(alt.text, _logprob(alt.logprob))
-            out["top_logprobs"].append(entry)
-        return out
 
-    @staticmethod
-    def generated(tokens: list[Token]) -> list[tuple[str, float | None, list[TopToken] | None]]:
-        return [(t.text, t.logprob, t.top) for t in tokens]
+    def extras(self, u: Usage) -> dict[str, Any]:
+        """Fields after `usage` in a whole response."""
+        return {}
 
-    @staticmethod
-    def prompt(prompt: Prompt, gen: Generation) -> list[tuple[str, float | None, list[TopToken] | None]]:
-        rows = []
-        for i, text in enumerate(prompt.texts):
-            logprob = gen.prompt_logprobs[i] if i < len(gen.prompt_logprobs) else None
-            top = gen.prompt_top[i] if i < len(gen.prompt_top) else []
-            rows.append((text, logprob, None if i == 0 else top))
-        return rows
+    def lists_prompt(self, job: Job) -> bool:
+        """Whether the response lists the prompt's tokens (then `choice` gets them)."""
+        return False
 
+    @abstractmethod
+    def choice(self, index: int, gen: Generation, job: Job, prompt: Prompt | None) -> dict[str, Any]:
+        """One choice of a whole response."""
 
-# ---------------------------------------------------------------------------------------------
-# Whole responses
+    @abstractmethod
+    def choice_stream(self, index: int, gen: Generation, job: Job, prompt: Prompt | None) -> ChoiceStream:
+        """One choice of a stream, adding each step to `gen`."""
 
+    def as_chunk_choice(self, choice: dict[str, Any]) -> dict[str, Any]:
+        """A whole response's choice as a stream chunk's (beam search streams one chunk)."""
+        return choice
 
-def reader(meta: Meta, job: Job) -> ReplyReader:
-    return reply_reader(job.tools, job.chat_template_kwargs, meta.tool_parser, meta.reasoning_parser)
-
-
-def chat_message(meta: Meta, reply: ReplyReader, part: ReplyDelta, delta: bool) -> dict[str, Any]:
-    """A message (or a stream delta) from what the reader found: content, reasoning_content when
-    there is thought, tool_calls (seed 001 always lists them; Databricks only when there are)."""
-    calls = (tool_call_deltas if delta else tool_calls_json)(part.calls, reply)
-    content: str | None = part.content
-    if calls and not content:
-        content = None  # OpenAI's shape of a reply that is only calls
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if part.reasoning:
-        message["reasoning_content"] = part.reasoning
-    if calls or (not meta.databricks and not delta):
-        message["tool_calls"] = calls
-    return message
-
-
-def chat_finish_reason(reply: ReplyReader, engine_reason: str) -> str | None:
-    reason = finish_reason(engine_reason)
-    return "tool_calls" if reason is not None and reply.called else reason
-
-
-def chat_choice(meta: Meta, index: int, gen: Generation, job: Job) -> dict[str, Any]:
-    reply = reader(meta, job)
-    part = reply.feed(gen.text)
-    part += reply.finish()
-    return {
-        "index": index,
-        "message": chat_message(meta, reply, part, delta=False),
-        "logprobs": chat_logprobs(gen.tokens, job.logprobs or 0) if job.logprobs is not None else None,
-        "finish_reason": chat_finish_reason(reply, gen.finish_reason),
-    }
-
-
-def completion_text(job: Job, gen: Generation) -> str:
-    return ((job.prompt or "") if job.echo else "") + gen.text + job.suffix
-
-
-def completion_choice(
-    meta: Meta, index: int, gen: Generation, job: Job, prompt: Prompt | None
-) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": index, "text": completion_text(job, gen)}
-    if not meta.databricks:
-        choice["logprobs"] = None
-        if job.logprobs is not None:
-            logprobs = CompletionLogprobs(job.logprobs)
-            rows = CompletionLogprobs.prompt(prompt, gen) if prompt is not None else []
-            choice["logprobs"] = logprobs.render(rows + CompletionLogprobs.generated(gen.tokens))
-        choice["stop_reason"] = stop_reason(gen, job)
-    choice["finish_reason"] = finish_reason(gen.finish_reason)
-    return choice
-
-
-def response(
-    meta: Meta, jobs: list[Job], choices: list[list[Generation]], prompts: list[Prompt | None]
-) -> dict[str, Any]:
-    body = meta.envelope(chunk=False)
-    items = []
-    for j, (job, gens) in enumerate(zip(jobs, choices, strict=True)):
-        for i, gen in enumerate(gens):
-            index = j * job.n + i
-            if meta.kind == "chat":
-                items.append(chat_choice(meta, index, gen, job))
-            else:
-                items.append(completion_choice(meta, index, gen, job, prompts[j]))
-    body["choices"] = items
-    u = usage(jobs, choices)
-    body["usage"] = usage_json(meta, u)
-    if meta.kind == "chat" and not meta.databricks:
-        body.update(timings_json(u))
-    return body
+    def response(
+        self, jobs: list[Job], choices: list[list[Generation]], prompts: list[Prompt | None]
+    ) -> dict[str, Any]:
+        body = self.envelope(chunk=False)
+        body["choices"] = [
+            self.choice(j * job.n + i, gen, job, prompts[j])
+            for j, (job, gens) in enumerate(zip(jobs, choices, strict=True))
+            for i, gen in enumerate(gens)
+        ]
+        u = usage(jobs, choices)
+        body["usage"] = self.usage_json(u)
+        body.update(self.extras(u))
+        return body
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,85 +152,49 @@ def response(
 
 
 class Stream:
-    """Chunks for (choice index, step) pairs of `jobs`; `done` once every choice has finished."""
+    """Chunks for (choice index, step) pairs of `jobs`: a `delta` (or `text`) per step, exactly one
+    chunk per choice with its `finish_reason`, and usage (and, in the cumulative-text mode,
+    `full_text`) on the stream's last chunk. `done` once every choice has finished."""
 
-    def __init__(self, meta: Meta, jobs: list[Job], prompts: list[Prompt | None]) -> None:
-        self.meta, self.jobs, self.prompts = meta, jobs, prompts
+    def __init__(self, fmt: Format, jobs: list[Job], prompts: list[Prompt | None]) -> None:
+        self.format, self.jobs, self.prompts = fmt, jobs, prompts
         self.gens = [[Generation() for _ in range(job.n)] for job in jobs]
-        self.logprobs = [CompletionLogprobs(job.logprobs or 0) for job in jobs for _ in range(job.n)]
-        self.readers = [reader(meta, job) for job in jobs for _ in range(job.n)]
-        self.contents = [""] * len(self.readers)  # each chat choice's content so far (full_text mode)
-        self.unfinished = sum(job.n for job in jobs)
+        self.choices = [
+            fmt.choice_stream(j * job.n + i, gen, job, prompts[j])
+            for j, (job, gens) in enumerate(zip(jobs, self.gens, strict=True))
+            for i, gen in enumerate(gens)
+        ]
+        self.unfinished = len(self.choices)
 
     @property
     def done(self) -> bool:
         return self.unfinished == 0
 
+    @property
+    def with_usage(self) -> bool:
+        return any(job.stream_usage for job in self.jobs)
+
     def push(self, index: int, step: Step) -> dict[str, Any]:
-        j, i = self._locate(index)
-        job, gen = self.jobs[j], self.gens[j][i]
-        first = not gen.tokens and not gen.text and gen.finish_reason == ""
-        gen.add(step)
-        chunk = self.meta.envelope(chunk=True)
-        reason = finish_reason(step.finish_reason)
-        if self.meta.kind == "chat":
-            reply = self.readers[index]
-            part = reply.feed(step.text)
-            if reason is not None:
-                part += reply.finish()
-            self.contents[index] += part.content
-            if self.meta.full_text:
-                part.content = self.contents[index]
-            text = self.contents[index]
-            delta = chat_message(self.meta, reply, part, delta=True)
-            choice: dict[str, Any] = {"index": index, "delta": delta}
-            if job.logprobs is not None:
-                choice["logprobs"] = chat_logprobs(step.tokens, job.logprobs)
-            choice["finish_reason"] = chat_finish_reason(reply, step.finish_reason)
-        else:
-            text = gen.text if self.meta.full_text else step.text
-            if job.echo and (first or self.meta.full_text):
-                text = (job.prompt or "") + text
-            if reason is not None:
-                text += job.suffix
-            choice = {"index": index, "text": text}
-            if not self.meta.databricks:
-                choice["logprobs"] = None
-                if job.logprobs is not None:
-                    prompt = self.prompts[j]
-                    rows = CompletionLogprobs.prompt(prompt, gen) if first and prompt is not None else []
-                    rows += CompletionLogprobs.generated(step.tokens)
-                    choice["logprobs"] = self.logprobs[index].render(rows)
-                choice["stop_reason"] = stop_reason(gen, job) if reason else None
-            choice["finish_reason"] = reason
-        chunk["choices"] = [choice]
-        if reason is not None:
+        chunk = self.format.envelope(chunk=True)
+        choice = self.choices[index]
+        chunk["choices"] = [choice.push(step)]
+        if step.finish_reason:
             self.unfinished -= 1
             if self.done:
-                self._finish(chunk, text)
+                self._finish(chunk, choice.text)
         return chunk
 
     def _finish(self, chunk: dict[str, Any], text: str) -> None:
-        if self.meta.full_text:
+        if self.format.full_text:
             chunk["full_text"] = text  # the last choice's whole text, as its last chunk has it
-        if any(job.stream_usage for job in self.jobs):
-            chunk["usage"] = usage_json(self.meta, usage(self.jobs, self.gens))
-
-    def _locate(self, index: int) -> tuple[int, int]:
-        for j, job in enumerate(self.jobs):
-            if index < job.n:
-                return j, index
-            index -= job.n
-        raise IndexError(index)
+        if self.with_usage:
+            chunk["usage"] = self.format.usage_json(usage(self.jobs, self.gens))
 
     def whole(self, choices: list[list[Generation]]) -> dict[str, Any]:
         """Beam search streams "fake": one chunk with every finished choice (seed 004)."""
-        body = response(self.meta, self.jobs, choices, self.prompts)
-        chunk = self.meta.envelope(chunk=True)
-        chunk["choices"] = body["choices"]
-        if self.meta.kind == "chat":
-            for choice in chunk["choices"]:
-                choice["delta"] = choice.pop("message")
-        if any(job.stream_usage for job in self.jobs):
+        body = self.format.response(self.jobs, choices, self.prompts)
+        chunk = self.format.envelope(chunk=True)
+        chunk["choices"] = [self.format.as_chunk_choice(choice) for choice in body["choices"]]
+        if self.with_usage:
             chunk["usage"] = body["usage"]
         return chunk

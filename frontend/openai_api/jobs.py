@@ -13,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
 from typing import Any
 
+from frontend.engine_client.client import EngineClient
 from frontend.engine_client.request import Job
 from frontend.engine_client.steps import (
     Generation,
     Step,
-    Token,
     Triton,
     beam_count,
     generate,
@@ -28,17 +27,14 @@ from frontend.engine_client.steps import (
     step_outputs,
     steps,
 )
-from frontend.engine_client.triton import ENSEMBLE
 from frontend.errors import APIError
 from frontend.ops.context import SequenceTracker
-
-_SEED_SPACE = 2**64
 
 
 async def _beams(triton: Triton, job: Job) -> list[Generation]:
     """Beam search: the final response holds every beam, best first."""
     beams: list[Generation] = []
-    upstream = triton.stream(ENSEMBLE, job.inputs(), step_outputs(job.with_logprobs))
+    upstream = EngineClient(triton).stream(job, 0, step_outputs(job.with_logprobs))
     tracker = SequenceTracker()
     async with contextlib.aclosing(upstream) as responses:
         try:
@@ -120,53 +116,3 @@ async def stream_all(triton: Triton, jobs: list[Job]) -> AsyncGenerator[tuple[in
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Usage across choices.
-
-
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    batch_size: list[int] = field(default_factory=list)  # per generated token
-    queue_wait_us: list[int] = field(default_factory=list)  # per generated token
-    prefill_ms: float = 0.0
-    decode_ms: list[float] = field(default_factory=list)  # per token after the first
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-def usage(jobs: list[Job], choices: list[list[Generation]]) -> Usage:
-    """Each prompt counts once; every returned token counts. The per-token timings of several
-    sequences follow each other, choice by choice; beams share their steps, so they count once."""
-    result = Usage()
-    for job, gens in zip(jobs, choices, strict=True):
-        if not gens:
-            continue
-        first = gens[0]
-        result.prompt_tokens += first.prompt_tokens or 0
-        result.cached_tokens += first.cached_tokens or 0
-        if not result.prefill_ms and first.prefill_ms is not None:
-            result.prefill_ms = first.prefill_ms
-        result.completion_tokens += sum(len(g.tokens) for g in gens)
-        for gen in gens[:1] if job.beam_search else gens:
-            result.batch_size += gen.batch_sizes
-            result.queue_wait_us += gen.queue_wait_us
-            result.decode_ms += gen.decode_ms[1:]  # the first token's time is the prefill
-    return result
-
-
-def stop_reason(gen: Generation, job: Job) -> str | int | None:
-    """What stopped a sequence early (vLLM's `stop_reason`): the stop token id or stop string;
-    None for the end token, the length limit, or a model's own end-of-turn token."""
-    if gen.finish_reason != "stop_words":
-        return None
-    last: Token | None = gen.tokens[-1] if gen.tokens else None
-    if last is not None and last.id in job.stop_token_ids:
-        return last.id
-    return gen.stop_reason or None

@@ -1,7 +1,9 @@
 """OpenAI-compatible text generation: `POST /v1/chat/completions` (seed 001) and
-`POST /v1/completions` (seed 004). The routes validate (openai_schema), resolve the model, and hand
-the jobs to `serve`, which the Databricks routes share; errors are raised and rendered by
-frontend.errors, in OpenAI's shape.
+`POST /v1/completions` (seed 004). A request walks: the route validates its body (openai_api.schema)
+into Jobs and picks the response `Format` (chat_format, completion_format); `serve` runs the Jobs
+(openai_api.jobs: each sequence through the engine client, frontend.engine_client) and answers in
+that format, whole or streamed. APIs built on these shapes call `serve` with their own schema and
+format. Errors are raised and rendered by frontend.errors, in OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from frontend.errors import APIError, openai_body
 from frontend.media.attach import attach
 from frontend.media.parts import chat_media
 from frontend.models import adapter_of, resolve_model
-from frontend.openai_api.format import Meta, Stream, response
+from frontend.openai_api.chat_format import ChatFormat
+from frontend.openai_api.completion_format import CompletionFormat
+from frontend.openai_api.format import Format, Stream
 from frontend.openai_api.jobs import complete_all, stream_all
 from frontend.openai_api.schema import ChatCompletionRequest, CompletionRequest, guide_calls_in_prompt
 from frontend.streaming import EventStream, sse, until_disconnected
@@ -35,43 +39,42 @@ DONE = b"data: [DONE]\n\n"
 async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
     model = resolve_model(request, req.model, "generate")
     state = request.app.state
-    meta = Meta(
-        "chat",
+    fmt = ChatFormat(
         model,
         full_text=state.stream_full_text,
         tool_parser=state.tool_parser,
         reasoning_parser=state.reasoning_parser,
     )
-    return await serve(request, meta, [req.to_job()])
+    return await serve(request, fmt, [req.to_job()])
 
 
 @router.post("/v1/completions")
 async def completions(req: CompletionRequest, request: Request) -> Response:
     model = resolve_model(request, req.model, "generate")
-    meta = Meta("completion", model, full_text=request.app.state.stream_full_text)
+    fmt = CompletionFormat(model, full_text=request.app.state.stream_full_text)
     # Loading prompt_embeds tensors (up to 16 MiB) runs off the event loop, which serves everyone.
     jobs = await asyncio.to_thread(req.to_jobs) if req.prompt_embeds else req.to_jobs()
-    return await serve(request, meta, jobs)
+    return await serve(request, fmt, jobs)
 
 
-async def serve(request: Request, meta: Meta, jobs: list[Job]) -> Response:
-    """Run `jobs` (answered together) and respond: one JSON body, or an SSE stream that ends with
-    `data: [DONE]`. Whatever the client leaves early is cancelled in Triton."""
+async def serve(request: Request, fmt: Format, jobs: list[Job]) -> Response:
+    """Run `jobs` (answered together) and respond in `fmt`: one JSON body, or an SSE stream that
+    ends with `data: [DONE]`. Whatever the client leaves early is cancelled in Triton."""
     triton = request.app.state.triton
     for job in jobs:  # the model name may be a LoRA adapter's
-        job.lora_name = adapter_of(request, meta.model)
-        if meta.kind == "chat" and request.app.state.tools_in_prompt:
+        job.lora_name = adapter_of(request, fmt.model)
+        if isinstance(fmt, ChatFormat) and request.app.state.tools_in_prompt:
             guide_calls_in_prompt(job)
         if job.messages is not None:  # media parts: placeholders for the template, bytes fetched
             job.messages, refs = chat_media(job.messages)
             await attach(request, job, refs, "messages", chat=True)
     prompts: list[Prompt | None] = [None] * len(jobs)
-    if any(_lists_prompt(meta, job) for job in jobs):
-        prompts = await until_disconnected(request, _prompts(triton, meta, jobs))
+    if any(fmt.lists_prompt(job) for job in jobs):
+        prompts = await until_disconnected(request, _prompts(triton, fmt, jobs))
     if not jobs[0].stream:
         choices = await until_disconnected(request, complete_all(triton, jobs))
-        return JSONResponse(response(meta, jobs, choices, prompts))
-    stream = Stream(meta, jobs, prompts)
+        return JSONResponse(fmt.response(jobs, choices, prompts))
+    stream = Stream(fmt, jobs, prompts)
     if any(job.beam_search for job in jobs):  # beams are known only at the end: one chunk
         choices = await until_disconnected(request, complete_all(triton, jobs))
         return EventStream(_whole(stream.whole(choices)))
@@ -82,14 +85,9 @@ async def serve(request: Request, meta: Meta, jobs: list[Job]) -> Response:
     return EventStream(_events(stream, head, upstream), upstream=upstream)
 
 
-def _lists_prompt(meta: Meta, job: Job) -> bool:
-    """Completions that echo with logprobs list the prompt's tokens too."""
-    return meta.kind == "completion" and job.echo and job.logprobs is not None and not meta.databricks
-
-
-async def _prompts(triton: Any, meta: Meta, jobs: list[Job]) -> list[Prompt | None]:
+async def _prompts(triton: Any, fmt: Format, jobs: list[Job]) -> list[Prompt | None]:
     async def one(job: Job) -> Prompt | None:
-        return await prompt_tokens(triton, job) if _lists_prompt(meta, job) else None
+        return await prompt_tokens(triton, job) if fmt.lists_prompt(job) else None
 
     return list(await asyncio.gather(*(one(job) for job in jobs)))
 

@@ -1,5 +1,5 @@
-"""Request bodies of the OpenAI-style APIs: `POST /v1/chat/completions` (seed 001),
-`POST /v1/completions` (seed 004) and Databricks' chat and completions tasks (seed 002).
+"""Request bodies of the OpenAI APIs: `POST /v1/chat/completions` (seed 001) and
+`POST /v1/completions` (seed 004), and the validators and message types other APIs built on them reuse.
 
 Every documented field with its type, range and default; JSON types are strict (no "true" strings,
 no 1.5 for an integer, no true for a number); `null` means "not given" for every optional field (the
@@ -30,7 +30,8 @@ MAX_STOP_CHARS = 32 * 1024  # seed 004: a stop string, or all of a list, at most
 MAX_SEQUENCES = 128  # n and best_of: [1, 128]
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
-_CONFIG = ConfigDict(extra="forbid", strict=True)
+# Strict JSON types, unknown fields rejected: the body config of every request schema.
+STRICT_BODY = ConfigDict(extra="forbid", strict=True)
 
 
 def bad_request(message: str, param: str) -> APIError:
@@ -125,16 +126,6 @@ def _prompt_text(value: Any) -> str:
     return value
 
 
-def _prompts(value: Any) -> list[str]:
-    """Databricks: a string or a non-empty list of strings, each answered in the same response."""
-    items = value if isinstance(value, list) else [value]
-    if not items or not all(isinstance(p, str) and p for p in items):
-        raise ValueError("must be a non-empty string or a non-empty list of non-empty strings")
-    if sum(len(p) for p in items) > MAX_PROMPT_CHARS:
-        raise ValueError(f"must have at most {MAX_PROMPT_CHARS} characters in all")
-    return items
-
-
 Stop = Annotated[list[str] | None, BeforeValidator(_stop, json_schema_input_type=str | list[str] | None)]
 TokenIds = Annotated[list[int] | None, BeforeValidator(_token_ids)]
 Penalty = Annotated[float | None, number(-2.0, 2.0)]
@@ -145,24 +136,24 @@ TopP = Annotated[float | None, number(1e-6, 1.0, low_open=True)]
 
 
 # ---------------------------------------------------------------------------------------------
-# Chat messages (seed 001, seed 002's ChatMessage).
+# Chat messages (seed 001).
 
 
 class FunctionCall(BaseModel):
-    model_config = _CONFIG
+    model_config = STRICT_BODY
     name: str
-    arguments: str | dict[str, Any]  # OpenAI sends a JSON string, Databricks an object
+    arguments: str | dict[str, Any]  # OpenAI sends a JSON string; an object is taken as is
 
 
 class ToolCall(BaseModel):
-    model_config = _CONFIG
+    model_config = STRICT_BODY
     id: str
     type: Literal["function"]
     function: FunctionCall
 
 
 class ChatMessage(BaseModel):
-    model_config = _CONFIG
+    model_config = STRICT_BODY
     role: Literal["system", "user", "assistant", "tool"]
     # Media parts (image_url, video_url, audio_url, input_audio: frontend.media.parts) are checked
     # against the served model and fetched by the route.
@@ -188,7 +179,7 @@ class ChatMessage(BaseModel):
         return len(self.content or "")
 
 
-def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     if not messages:
         raise bad_request("must have at least one message", "messages")
     if sum(m.chars() for m in messages) > MAX_PROMPT_CHARS:
@@ -197,7 +188,7 @@ def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 class StreamOptions(BaseModel):
-    model_config = _CONFIG
+    model_config = STRICT_BODY
     include_usage: Flag = None
 
 
@@ -275,7 +266,7 @@ def _top_k(value: int | None) -> int:
 
 
 class ChatCompletionRequest(BaseModel):
-    model_config = _CONFIG
+    model_config = STRICT_BODY
 
     model: str
     messages: list[ChatMessage]
@@ -314,7 +305,7 @@ class ChatCompletionRequest(BaseModel):
         if self.max_tokens and self.max_completion_tokens and self.max_tokens != self.max_completion_tokens:
             raise bad_request("must equal max_tokens when both are given", "max_completion_tokens")
         job = Job(
-            messages=_messages(self.messages),
+            messages=chat_messages(self.messages),
             chat_template_kwargs=self.chat_template_kwargs,
             tools=tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls),
             max_tokens=max_tokens,
@@ -336,10 +327,10 @@ def _guide(job: Job, response_format: Any, structured_outputs: Any) -> None:
         raise bad_request("give response_format or structured_outputs, not both", "structured_outputs")
     job.guide = guides.response_format(response_format) or guides.structured_outputs(structured_outputs)
     job.guide_param = "structured_outputs" if structured_outputs is not None else "response_format"
-    _tools_guide(job)
+    tools_guide(job)
 
 
-def _tools_guide(job: Job) -> None:
+def tools_guide(job: Job) -> None:
     """tool_choice required or a named function: the grammar makes the reply that call."""
     if job.tools is None or not job.tools.guided:
         return
@@ -371,7 +362,7 @@ def _chat_logprobs(job: Job, logprobs: bool | None, top_logprobs: int | None) ->
 
 
 class CompletionRequest(BaseModel):
-    model_config = _CONFIG
+    model_config = STRICT_BODY
 
     model: str
     # Optional only with prompt_embeds (vLLM's), whose rows then come before the prompt's tokens.
@@ -430,102 +421,3 @@ def _prompt_embeds(value: str | list[str]) -> list[Any]:
         return prompt_embeds.decode_all(value)
     except prompt_embeds.BadEmbeds as error:
         raise bad_request(str(error), prompt_embeds.PARAM) from None
-
-
-# ---------------------------------------------------------------------------------------------
-# Databricks (seed 002): POST /serving-endpoints/{name}/invocations with the chat or completions
-# task, and POST /serving-endpoints/chat/completions | /completions with `model` naming the endpoint.
-
-DatabricksMaxTokens = Annotated[int | None, number(0, MAX_INT32, integer=True, low_open=True)]
-DatabricksTemperature = Annotated[float | None, number(0.0, 2.0)]
-DatabricksTopP = Annotated[float | None, number(0.0, 1.0, low_open=True)]
-DatabricksTopK = Annotated[int | None, number(0, MAX_INT32, integer=True, low_open=True)]
-
-
-def _databricks_sampling(request: DatabricksChatRequest | DatabricksCompletionRequest) -> dict[str, Any]:
-    """The Job fields both Databricks tasks share, with the documented defaults."""
-    return {
-        "max_tokens": request.max_tokens,
-        "temperature": 1.0 if request.temperature is None else request.temperature,
-        "top_p": 1.0 if request.top_p is None else request.top_p,
-        "top_k": request.top_k or 0,
-        "stop": request.stop or [],
-        "stream": bool(request.stream),
-    }
-
-
-class DatabricksChatRequest(BaseModel):
-    model_config = _CONFIG
-
-    messages: list[ChatMessage]
-    max_tokens: DatabricksMaxTokens = None  # null: no limit but the model's context
-    stream: Flag = None
-    temperature: DatabricksTemperature = None
-    top_p: DatabricksTopP = None
-    top_k: DatabricksTopK = None
-    stop: Stop = None
-    n: Annotated[int | None, number(1, MAX_SEQUENCES, integer=True)] = None
-    tool_choice: ToolChoice | None = None
-    tools: list[Tool] | None = None
-    parallel_tool_calls: Flag = None
-    response_format: dict[str, Any] | None = None  # seed 002: text, json_object, json_schema
-    logprobs: Flag = None
-    top_logprobs: Annotated[int | None, number(0, MAX_TOP_LOGPROBS, integer=True)] = None
-
-    def to_job(self) -> Job:
-        if self.top_logprobs is not None and not self.logprobs:
-            raise bad_request("needs logprobs true", "top_logprobs")  # seed 002's rule
-        job = Job(
-            messages=_messages(self.messages),
-            tools=tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls),
-            **_databricks_sampling(self),
-            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-            prompt_param="messages",
-        )
-        job.n = job.best_of = self.n or 1  # Databricks has no n > 1 temperature rule
-        job.guide = guides.response_format(self.response_format, name_required=True)  # seed 002
-        _tools_guide(job)
-        return job
-
-
-class DatabricksCompletionRequest(BaseModel):
-    model_config = _CONFIG
-
-    prompt: Annotated[list[str], BeforeValidator(_prompts, json_schema_input_type=str | list[str])]
-    max_tokens: DatabricksMaxTokens = None
-    stream: Flag = None
-    temperature: DatabricksTemperature = None
-    top_p: DatabricksTopP = None
-    top_k: DatabricksTopK = None
-    error_behavior: Literal["truncate", "error"] | None = None
-    n: Annotated[int | None, number(1, MAX_SEQUENCES, integer=True)] = None
-    stop: Stop = None
-    suffix: str | None = None
-    echo: Flag = None
-    # Completion prompts are never templated here, so the prompt always goes to the model as is.
-    use_raw_prompt: Flag = None
-
-    def to_jobs(self) -> list[Job]:
-        """One job per prompt; their choices are answered together."""
-        jobs = []
-        for prompt in self.prompt:
-            job = Job(
-                prompt=prompt,
-                **_databricks_sampling(self),
-                echo=bool(self.echo),
-                suffix=self.suffix or "",
-                truncate_to_fit=self.error_behavior == "truncate",
-            )
-            job.n = job.best_of = self.n or 1
-            jobs.append(job)
-        return jobs
-
-
-class NamedDatabricksChatRequest(DatabricksChatRequest):
-    """`POST /serving-endpoints/chat/completions`: the OpenAI SDK's path, `model` names the endpoint."""
-
-    model: str
-
-
-class NamedDatabricksCompletionRequest(DatabricksCompletionRequest):
-    model: str

@@ -1,4 +1,4 @@
-"""Several Triton replicas behind one `Triton` (infer / stream / ready), for the frontend's Pipeline.
+"""Several Triton replicas behind one `Triton` (infer / stream / ready), for the frontend's EngineClient.
 
 Each call goes to the replica `Policy` chooses. A replica that answers "unavailable" (dead, not
 ready, shutting down) is taken out at once and probed back in by a background task every
