@@ -4,8 +4,8 @@ values derived from it.
 A setting comes from the engine's `config.pbtxt` parameter of the same name (empty means the
 default), and a `TRITONLM_<NAME>` environment variable wins over it. The engine, preprocessing
 (which fills `max_tokens` up to `max_seq_len`) and the launcher (which checks the settings before
-it starts anything) all read them through `EngineConfig`; `config.pbtxt`'s parameters and the
-README's settings table are generated from the fields below (`make configs`), and `make test` fails
+it starts anything) all read them through `EngineConfig`; `config.pbtxt`'s parameters and
+docs/settings.md's table are generated from the fields below (`make configs`), and `make test` fails
 when they drift.
 
 No torch at import time: the launcher and preprocessing import this module.
@@ -34,8 +34,8 @@ class ConfigError(ValueError):
 
 
 def _setting(default: Any, shown: str, meaning: str, aliases: tuple[str, ...] = ()) -> Any:
-    """A field with what the README says about it. `aliases`: other names still read, as a parameter
-    or an environment variable (the setting's own names win)."""
+    """A field with what docs/settings.md's table says about it. `aliases`: other names still read,
+    as a parameter or an environment variable (the setting's own names win)."""
     return field(default=default, metadata={"shown": shown, "meaning": meaning, "aliases": aliases})
 
 
@@ -120,7 +120,7 @@ class EngineConfig:
         "`0`",
         "CPU: the engine's torch threads; 0: torch's default (every CPU the process may use). vLLM's "
         "CPU backend leaves one core to serving; on the 2-CPU bench machine one thread measured the "
-        "same in bfloat16 and 0.85x in float32 (README, Benchmark), so the default keeps them all",
+        "same in bfloat16 and 0.85x in float32 (docs/benchmarks.md), so the default keeps them all",
     )
 
     fuse_projections: bool = _setting(
@@ -343,7 +343,7 @@ def _parse(name: str, kind: Any, raw: str, source: str) -> Any:
 
 
 def settings_table() -> str:
-    """The README's table of settings (Markdown), generated from the fields."""
+    """docs/settings.md's table of engine settings (Markdown), generated from the fields."""
     rows = ["| Parameter | Default | Meaning |", "|---|---|---|"]
     rows += [
         f"| `{f.name}` | {f.metadata['shown']} | {f.metadata['meaning']} |" for f in fields(EngineConfig)
