@@ -95,9 +95,8 @@ def greedy_refs(hf_model) -> tuple[list[list[int]], list[list[int]]]:
 
 def test_batched_greedy_equals_transformers_generate(runner, greedy_refs):
     prompts, refs = greedy_refs
-    _, seqs = run_all(
-        runner, [request(p, 20, SamplingParams()) for p in prompts], stagger=True
-    )  # more requests than running slots, joining mid-flight
+    # More requests than running slots, joining mid-flight.
+    _, seqs = run_all(runner, [request(p, 20, SamplingParams()) for p in prompts], stagger=True)
     for seq, ref in zip(seqs, refs, strict=True):
         assert seq.output_ids == ref
         assert seq.out.finish_reason == "length"
