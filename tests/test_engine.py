@@ -32,6 +32,7 @@ from tritonlm.sampling.ops import filter_logits
 from tritonlm.sampling.sampler import Sampler, SamplerInput, SamplerOutput, SamplingParams
 from tritonlm.serving import pbtxt
 from tritonlm.serving.engine_inputs import parse_request
+from tritonlm.serving.engine_outputs import response_tensors
 from tritonlm.text.tokenization import load_tokenizer
 from tritonlm.worker.model_runner import ModelRunner
 
@@ -212,6 +213,34 @@ def test_prompt_and_generation_logits_hooks(model_dir, hf_model):
     assert torch.allclose(context, full[:30], atol=1e-4)
     assert len(seq.out.generation_logits) == 4
     assert torch.allclose(torch.stack(seq.out.generation_logits), full[29:], atol=1e-4)
+
+
+def test_prompt_log_probs_are_the_samplers_chunk_by_chunk(model_dir):
+    runner = ModelRunner(
+        EngineConfig(
+            str(model_dir), dtype="float32", max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96
+        )
+    )
+    prompt = list(range(30, 50))  # fed in chunks of 8
+    params = SamplingParams(
+        temperature=0.7,
+        top_k=5,
+        seed=1,
+        return_log_probs=True,
+        num_top_log_probs=2,
+        return_prompt_log_probs=True,
+        return_context_logits=True,
+    )
+    _, (seq,) = run_all(runner, [request(prompt, 3, params)])
+    tensors = response_tensors(seq, 0, 3, "length")
+    # The rule over the whole prompt at once, on the context logits the response reports.
+    whole = (torch.cat(seq.out.prompt_logits)[:-1] / 0.7).log_softmax(-1)
+    chosen = [0.0, *whole.gather(1, torch.tensor(prompt[1:])[:, None]).squeeze(1).tolist()]
+    assert np.array_equal(tensors["prompt_log_probs"], np.asarray(chosen, np.float32))
+    top = whole.topk(2)
+    assert tensors["prompt_top_ids"].tolist() == [[-1, -1], *top.indices.tolist()]
+    assert np.array_equal(tensors["prompt_top_log_probs"][1:], top.values.numpy())
+    assert tensors["context_logits"].shape == (1, 20, runner.vocab_size)
 
 
 def test_fork_copies_a_shared_partial_block_before_writing(model_dir, hf_model):
