@@ -26,7 +26,6 @@ import torch
 from tritonlm.config import EngineConfig, _parse
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.request import Request
-from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker.model_runner import ModelRunner
 
@@ -53,9 +52,7 @@ def overrides(spec: str) -> dict[str, object]:
 def one_round(runner: ModelRunner, prompts: list[list[int]], decode_steps: int, profile: bool = False):
     """Prefill ms, the decode steps' ms, and the greedy tokens of one batch run to its end."""
     engine = Engine(runner, lambda seq, n: None)
-    seqs = [Sequence(Request(tuple(p), decode_steps + 1, SamplingParams())) for p in prompts]
-    for seq in seqs:
-        engine.add(seq)
+    seqs = [engine.add(Request(tuple(p), decode_steps + 1, SamplingParams())) for p in prompts]
     start = time.perf_counter()
     while any(not s.output_ids for s in seqs):
         engine.step()

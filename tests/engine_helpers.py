@@ -1,9 +1,9 @@
-"""Builds engine Sequences for tests the way the Triton adapter does: an immutable Request, then the
-Sequence that runs it."""
+"""Builds engine requests for tests the way the Triton adapter does (an immutable Request, which
+`Engine.add` turns into the Sequence that runs it), and bare Sequences for the scheduler's tests."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -14,26 +14,34 @@ from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker import fused
 
 
-def sequence(
+def request(
     prompt: Iterable[int],
     max_new_tokens: int,
     params: SamplingParams | None = None,
     *,
-    is_cancelled: Callable[[], bool] | None = None,
     stop_words: Iterable[Iterable[int]] = (),
     **request_fields: object,
-) -> Sequence:
-    request = Request(
+) -> Request:
+    return Request(
         tuple(prompt),
         max_new_tokens,
         params or SamplingParams(),
         stop_words=tuple(tuple(w) for w in stop_words),
         **request_fields,
     )
-    seq = Sequence(request)
-    if is_cancelled is not None:
-        seq.is_cancelled = is_cancelled
-    return seq
+
+
+def sequence(
+    prompt: Iterable[int],
+    max_new_tokens: int,
+    params: SamplingParams | None = None,
+    *,
+    stop_words: Iterable[Iterable[int]] = (),
+    **request_fields: object,
+) -> Sequence:
+    """A bare sequence, for the scheduler and the block manager (the engine builds its own from a
+    request: `Engine.add`)."""
+    return Sequence(request(prompt, max_new_tokens, params, stop_words=stop_words, **request_fields))
 
 
 def reference_model(model_dir: object, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-from engine_helpers import sequence
+from engine_helpers import request
 from test_engine import run_all
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -105,11 +105,12 @@ def test_engine_beam_search_matches_transformers_among_other_requests(
         )
     )
     beams = [
-        sequence(prompt, 10, SamplingParams(end_id=end_id), beam_width=3, early_stopping=0),
-        sequence(prompt[2:], 12, SamplingParams(end_id=end_id), beam_width=4, len_penalty=0.5),
+        request(prompt, 10, SamplingParams(end_id=end_id), beam_width=3, early_stopping=0),
+        request(prompt[2:], 12, SamplingParams(end_id=end_id), beam_width=4, len_penalty=0.5),
     ]
-    greedy = [sequence(prompt[i:], 16, SamplingParams()) for i in range(3)]
-    engine = run_all(runner, [beams[0], *greedy, beams[1]])
+    greedy = [request(prompt[i:], 16, SamplingParams()) for i in range(3)]
+    engine, (first, *greedy, last) = run_all(runner, [beams[0], *greedy, beams[1]])
+    beams = [first, last]
     if kv_cache_blocks:
         assert engine.stats()["preemptions"] > 0
     for seq in beams:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import sequence
+from engine_helpers import request
 from test_engine import run_all
 from transformers import AutoModelForCausalLM
 
@@ -57,8 +57,7 @@ def test_bfloat16_greedy_matches_transformers_in_bfloat16(model_dir):
     refs = [reference(model, p) for p in prompts]
     runner = ModelRunner(EngineConfig(str(model_dir), dtype="bfloat16", max_num_seqs=4, max_seq_len=128))
     assert runner.dtype == torch.bfloat16
-    seqs = [sequence(p, NEW_TOKENS, SamplingParams()) for p in prompts]
-    run_all(runner, seqs, stagger=True)
+    _, seqs = run_all(runner, [request(p, NEW_TOKENS, SamplingParams()) for p in prompts], stagger=True)
     compared = 0
     for seq, (tokens, clear) in zip(seqs, refs, strict=True):
         assert seq.output_ids[:clear] == tokens[:clear]

@@ -43,9 +43,7 @@ def run(runner: ModelRunner, requests: list[dict]) -> tuple[list[Sequence], list
     """Runs requests to the end; returns them and, per request, the token counts it reported."""
     runs: dict[int, list[int]] = {}
     engine = Engine(runner, lambda seq, n: runs.setdefault(seq.key, []).append(n))
-    seqs = [Sequence(parse_request(t, VOCAB, 128)) for t in requests]
-    for seq in seqs:
-        engine.add(seq)
+    seqs = [engine.add(parse_request(t, VOCAB, 128)) for t in requests]
     while engine.scheduler.has_work():
         engine.step()
     assert engine.stats()["kv_blocks_used"] == 0

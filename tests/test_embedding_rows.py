@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import sequence
+from engine_helpers import request
 from transformers import AutoModelForCausalLM
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
-from tritonlm.engine.request import PromptEmbeds, content_key
+from tritonlm.engine.request import PromptEmbeds, Request, content_key
 from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker.model_runner import ModelRunner
@@ -36,24 +36,23 @@ def runner(model_dir) -> ModelRunner:
 
 def with_rows(
     prompt: list[int], positions: list[int], rows: torch.Tensor, max_new: int = 12, **params: object
-) -> Sequence:
+) -> Request:
     """`prompt` with placeholder ids at `positions`, which carry `rows` instead."""
     ids = [PLACEHOLDER if i in positions else t for i, t in enumerate(prompt)]
     embeds = PromptEmbeds.of(positions, rows)
-    return sequence(ids, max_new, SamplingParams(**params), prompt_embeds=embeds)
+    return request(ids, max_new, SamplingParams(**params), prompt_embeds=embeds)
 
 
 def embedding_of(prompt: list[int], positions: list[int], table: torch.Tensor) -> torch.Tensor:
     return table[[prompt[p] for p in positions]].clone()
 
 
-def run(engine: Engine, seqs: list[Sequence]) -> Engine:
-    for seq in seqs:
-        engine.add(seq)
+def run(engine: Engine, requests: list[Request]) -> list[Sequence]:
+    seqs = [engine.add(req) for req in requests]
     while engine.scheduler.has_work():
         engine.step()
     assert engine.stats()["kv_blocks_used"] == 0
-    return engine
+    return seqs
 
 
 def generate(hf_model, prompt: list[int], new_tokens: int) -> list[int]:
@@ -85,9 +84,9 @@ def test_rows_equal_to_token_embeddings_give_the_same_logits_and_output(runner, 
     prompt = random_tokens(40, 1)
     positions = [0, 3, 17, 18, 39]  # the first, inside blocks, across a block edge, the last
     params = {"return_context_logits": True, "return_generation_logits": True}
-    plain = sequence(prompt, 12, SamplingParams(**params))
+    plain = request(prompt, 12, SamplingParams(**params))
     rows = with_rows(prompt, positions, embedding_of(prompt, positions, table), **params)
-    run(Engine(runner, lambda seq, n: None), [plain, rows])  # in the same steps
+    plain, rows = run(Engine(runner, lambda seq, n: None), [plain, rows])  # in the same steps
     assert rows.output_ids == plain.output_ids == generate(hf_model, prompt, 12)
     context = torch.cat(rows.out.prompt_logits)
     torch.testing.assert_close(context, torch.cat(plain.out.prompt_logits), atol=1e-5, rtol=0)
@@ -103,13 +102,12 @@ def test_same_rows_share_prefix_blocks_and_other_rows_do_not(model_dir, hf_model
     system = random_tokens(40, 2)  # two full 16-token blocks, then part of a third
     positions = [5, 6, 7, 8, 20]  # rows in both full blocks
     other_tokens = random_tokens(40, 3)
-    first = with_rows(system + [11, 12], positions, embedding_of(system, positions, table))
-    run(engine, [first])
+    (first,) = run(engine, [with_rows(system + [11, 12], positions, embedding_of(system, positions, table))])
     same = with_rows(system + [21], positions, embedding_of(system, positions, table))
     other = with_rows(system + [21], positions, embedding_of(other_tokens, positions, table))
-    bare = sequence([PLACEHOLDER if i in positions else t for i, t in enumerate(system)] + [21], 12)
-    for seq in (same, other, bare):  # one at a time, so only `first`'s blocks can be shared
-        run(engine, [seq])
+    bare = request([PLACEHOLDER if i in positions else t for i, t in enumerate(system)] + [21], 12)
+    # One at a time, so only `first`'s blocks can be shared.
+    same, other, bare = (run(engine, [req])[0] for req in (same, other, bare))
     assert first.out.cached_tokens == 0
     assert same.out.cached_tokens == 32
     assert other.out.cached_tokens == 0 and bare.out.cached_tokens == 0
@@ -133,16 +131,14 @@ def test_chunked_prefill_across_embedding_positions(model_dir, hf_model, table):
     prompt = random_tokens(30, 4)
     positions = [6, 7, 8, 15, 16, 29]  # chunks end at 8, 16, 24: rows on both sides of each
     rows = embedding_of(prompt, positions, table)
-    first = with_rows(prompt, positions, rows)
-    run(Engine(runner, lambda seq, n: None), [first])
+    (first,) = run(Engine(runner, lambda seq, n: None), [with_rows(prompt, positions, rows)])
     assert first.output_ids == generate(hf_model, prompt, 12)
 
     # A 17-token prompt ending in a row, its first block cached: the row is fed alone (a decode).
     short = prompt[:17]
     engine = Engine(runner, lambda seq, n: None)
     run(engine, [with_rows(short, [7, 16], embedding_of(short, [7, 16], table))])
-    again = with_rows(short, [7, 16], embedding_of(short, [7, 16], table))
-    run(engine, [again])
+    (again,) = run(engine, [with_rows(short, [7, 16], embedding_of(short, [7, 16], table))])
     assert again.out.cached_tokens == 16 and again.output_ids == generate(hf_model, short, 12)
 
 
@@ -154,10 +150,11 @@ def test_preemption_recomputes_embedding_rows(model_dir, hf_model, table):
     gen = torch.Generator().manual_seed(5)
     lengths = torch.randint(10, 50, (8,), generator=gen).tolist()
     prompts = [random_tokens(n, 10 + i) for i, n in enumerate(lengths)]
-    seqs = []
+    requests = []
     for i, prompt in enumerate(prompts):
         positions = sorted({i % len(prompt), len(prompt) // 2, len(prompt) - 1})
-        seqs.append(with_rows(prompt, positions, embedding_of(prompt, positions, table), max_new=20))
-    engine = run(Engine(small, lambda seq, n: None), seqs)
+        requests.append(with_rows(prompt, positions, embedding_of(prompt, positions, table), max_new=20))
+    engine = Engine(small, lambda seq, n: None)
+    seqs = run(engine, requests)
     assert engine.stats()["preemptions"] > 0 and any(s.num_preemptions for s in seqs)
     assert [s.output_ids for s in seqs] == [generate(hf_model, p, 20) for p in prompts]

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from engine_helpers import sequence
+from engine_helpers import request, sequence
 from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import (
     NoRepeatNGramLogitsProcessor,
@@ -17,6 +17,7 @@ from transformers.generation.logits_process import (
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
+from tritonlm.engine.request import Request
 from tritonlm.engine.sequence import Sequence
 from tritonlm.errors import InvalidRequest
 from tritonlm.sampling.logits_processors import (
@@ -24,10 +25,14 @@ from tritonlm.sampling.logits_processors import (
     NoRepeatNGram,
     PresenceFrequencyPenalty,
     RepetitionPenalty,
+    default_pipeline,
 )
-from tritonlm.sampling.sampler import SamplerInput, SamplingParams, filter_logits, sample
+from tritonlm.sampling.metadata import SamplingMetadata
+from tritonlm.sampling.ops import filter_logits
+from tritonlm.sampling.sampler import Sampler, SamplerInput, SamplerOutput, SamplingParams
 from tritonlm.serving import pbtxt
 from tritonlm.serving.engine_inputs import parse_request
+from tritonlm.serving.engine_outputs import response_tensors
 from tritonlm.text.tokenization import load_tokenizer
 from tritonlm.worker.model_runner import ModelRunner
 
@@ -41,14 +46,18 @@ def runner(model_dir) -> ModelRunner:
     return ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=6, max_seq_len=256))
 
 
-def run_all(runner: ModelRunner, seqs: list[Sequence], stagger: bool = False, tokenizer=None) -> Engine:
-    """Runs the engine loop until every sequence finished; `stagger` admits them while others run."""
+def run_all(
+    runner: ModelRunner, requests: list[Request], stagger: bool = False, tokenizer=None
+) -> tuple[Engine, list[Sequence]]:
+    """Runs the engine loop until every request finished; `stagger` admits them while others run.
+    Returns the engine and the requests' sequences."""
     done = threading.Semaphore(0)
     engine = Engine(runner, lambda seq, n: seq.out.finish_reason and done.release(), tokenizer=tokenizer)
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
-    for i, seq in enumerate(seqs):
-        engine.add(seq)
+    seqs = []
+    for i, req in enumerate(requests):
+        seqs.append(engine.add(req))
         if stagger and i % 3 == 2:
             done.acquire(timeout=60)  # add the next ones while the rest are mid-generation
             done.release()
@@ -58,7 +67,7 @@ def run_all(runner: ModelRunner, seqs: list[Sequence], stagger: bool = False, to
     thread.join(10)
     stats = engine.stats()
     assert stats["kv_blocks_used"] == 0 and stats["running"] == stats["waiting"] == 0
-    return engine
+    return engine, seqs
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +96,8 @@ def greedy_refs(hf_model) -> tuple[list[list[int]], list[list[int]]]:
 
 def test_batched_greedy_equals_transformers_generate(runner, greedy_refs):
     prompts, refs = greedy_refs
-    seqs = [sequence(p, 20, SamplingParams()) for p in prompts]
-    run_all(runner, seqs, stagger=True)  # more requests than running slots, joining mid-flight
+    # More requests than running slots, joining mid-flight.
+    _, seqs = run_all(runner, [request(p, 20, SamplingParams()) for p in prompts], stagger=True)
     for seq, ref in zip(seqs, refs, strict=True):
         assert seq.output_ids == ref
         assert seq.out.finish_reason == "length"
@@ -102,8 +111,7 @@ def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(model
         EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=96, kv_cache_blocks=6)
     )
     small.cache.workspace = None  # decode attention over gathered blocks (the GPU path) here
-    seqs = [sequence(p, 20, SamplingParams()) for p in prompts]
-    engine = run_all(small, seqs)
+    engine, seqs = run_all(small, [request(p, 20, SamplingParams()) for p in prompts])
     assert engine.stats()["preemptions"] > 0
     assert any(s.num_preemptions for s in seqs)
     assert [s.output_ids for s in seqs] == refs
@@ -122,12 +130,10 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir, mon
         return real(*args, **kwargs)
 
     monkeypatch.setattr(runner, "execute", flaky)
-    failed = sequence([1, 2, 3], 10, SamplingParams())
-    engine = run_all(runner, [failed])
+    engine, (failed,) = run_all(runner, [request([1, 2, 3], 10, SamplingParams())])
     assert failed.out.finish_reason == "error" and "boom" in failed.out.error
     assert engine.stats()["kv_blocks_used"] == 0
-    ok = sequence([1, 2, 3], 10, SamplingParams())
-    run_all(runner, [ok])
+    _, (ok,) = run_all(runner, [request([1, 2, 3], 10, SamplingParams())])
     assert ok.out.finish_reason == "length" and len(ok.output_ids) == 10
 
 
@@ -138,8 +144,7 @@ def test_chunked_prefill_gives_the_same_outputs(model_dir, greedy_refs):
             str(model_dir), dtype="float32", max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96
         )
     )
-    seqs = [sequence(p, 20, SamplingParams()) for p in prompts]
-    engine = run_all(chunked, seqs)
+    engine, seqs = run_all(chunked, [request(p, 20, SamplingParams()) for p in prompts])
     assert [s.output_ids for s in seqs] == refs
     # Every prompt over 8 tokens took several steps: more steps than tokens generated per sequence.
     assert engine.stats()["steps"] > 20 + sum(len(p) for p in prompts) // 8
@@ -148,11 +153,9 @@ def test_chunked_prefill_gives_the_same_outputs(model_dir, greedy_refs):
 def test_a_shared_prefix_is_computed_once_and_outputs_stay_the_same(model_dir, hf_model):
     gen = torch.Generator().manual_seed(1)
     system = torch.randint(5, 4000, (100,), generator=gen).tolist()
-    first = sequence(system + [11, 12, 13], 12, SamplingParams())
-    second = sequence(system + [21, 22], 12, SamplingParams())
     cached = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=256))
-    engine = run_all(cached, [first])
-    run_all_on(engine, [second])
+    engine, (first,) = run_all(cached, [request(system + [11, 12, 13], 12, SamplingParams())])
+    (second,) = run_all_on(engine, [request(system + [21, 22], 12, SamplingParams())])
     assert first.out.cached_tokens == 0
     assert second.out.cached_tokens == 96  # the six full 16-token blocks of the shared 100 tokens
     assert engine.stats()["prefix_cache_hits"] == 96
@@ -162,28 +165,31 @@ def test_a_shared_prefix_is_computed_once_and_outputs_stay_the_same(model_dir, h
             str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=256, enable_prefix_caching=False
         )
     )
-    again = sequence(list(second.prompt_ids), 12, SamplingParams())
-    run_all(uncached, [again])
+    _, (again,) = run_all(uncached, [request(list(second.prompt_ids), 12, SamplingParams())])
     assert again.out.cached_tokens == 0 and again.output_ids == second.output_ids
 
 
 def test_requests_admitted_together_share_a_prefix_computed_in_that_step(runner, hf_model):
     shared = list(range(100, 132))  # two full blocks
-    first = sequence(shared + [5, 6, 7], 8, SamplingParams())
-    second = sequence(shared + [9], 8, SamplingParams())  # all but its last token cached
     engine = Engine(runner, lambda seq, n: None)
-    run_all_on(engine, [first, second])  # both queued before the first step: admitted together
+    first, second = run_all_on(  # both queued before the first step: admitted together
+        engine,
+        [
+            request(shared + [5, 6, 7], 8, SamplingParams()),
+            request(shared + [9], 8, SamplingParams()),  # all but its last token cached
+        ],
+    )
     assert first.out.cached_tokens == 0 and second.out.cached_tokens == 32 and engine.steps == 8
     for seq in (first, second):
         assert seq.output_ids == generate(hf_model, seq.prompt_ids, 8)
 
 
-def run_all_on(engine: Engine, seqs: list[Sequence]) -> None:
+def run_all_on(engine: Engine, requests: list[Request]) -> list[Sequence]:
     """Like run_all, on an engine that already ran (its prefix cache kept)."""
-    for seq in seqs:
-        engine.add(seq)
+    seqs = [engine.add(req) for req in requests]
     while engine.scheduler.has_work():
         engine.step()
+    return seqs
 
 
 def test_prompt_and_generation_logits_hooks(model_dir, hf_model):
@@ -193,9 +199,13 @@ def test_prompt_and_generation_logits_hooks(model_dir, hf_model):
         )
     )
     prompt = list(range(30, 60))
-    seq = sequence(prompt, 4, SamplingParams(return_context_logits=True, return_generation_logits=True))
-    other = sequence(prompt[:20], 4, SamplingParams())  # same prefix: must not make seq skip any row
-    run_all(runner, [other, seq])
+    _, (other, seq) = run_all(
+        runner,
+        [
+            request(prompt[:20], 4, SamplingParams()),  # same prefix: must not make seq skip any row
+            request(prompt, 4, SamplingParams(return_context_logits=True, return_generation_logits=True)),
+        ],
+    )
     with torch.no_grad():
         full = hf_model(torch.tensor([prompt + seq.output_ids[:-1]])).logits[0]
     context = torch.cat(seq.out.prompt_logits)
@@ -205,13 +215,40 @@ def test_prompt_and_generation_logits_hooks(model_dir, hf_model):
     assert torch.allclose(torch.stack(seq.out.generation_logits), full[29:], atol=1e-4)
 
 
+def test_prompt_log_probs_are_the_samplers_chunk_by_chunk(model_dir):
+    runner = ModelRunner(
+        EngineConfig(
+            str(model_dir), dtype="float32", max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96
+        )
+    )
+    prompt = list(range(30, 50))  # fed in chunks of 8
+    params = SamplingParams(
+        temperature=0.7,
+        top_k=5,
+        seed=1,
+        return_log_probs=True,
+        num_top_log_probs=2,
+        return_prompt_log_probs=True,
+        return_context_logits=True,
+    )
+    _, (seq,) = run_all(runner, [request(prompt, 3, params)])
+    tensors = response_tensors(seq, 0, 3, "length")
+    # The rule over the whole prompt at once, on the context logits the response reports.
+    whole = (torch.cat(seq.out.prompt_logits)[:-1] / 0.7).log_softmax(-1)
+    chosen = [0.0, *whole.gather(1, torch.tensor(prompt[1:])[:, None]).squeeze(1).tolist()]
+    assert np.array_equal(tensors["prompt_log_probs"], np.asarray(chosen, np.float32))
+    top = whole.topk(2)
+    assert tensors["prompt_top_ids"].tolist() == [[-1, -1], *top.indices.tolist()]
+    assert np.array_equal(tensors["prompt_top_log_probs"][1:], top.values.numpy())
+    assert tensors["context_logits"].shape == (1, 20, runner.vocab_size)
+
+
 def test_fork_copies_a_shared_partial_block_before_writing(model_dir, hf_model):
     runner = ModelRunner(
         EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=96, block_size=4)
     )
     engine = Engine(runner, lambda seq, n: None)
-    parent = sequence([5, 6, 7, 8, 9, 10], 8, SamplingParams())  # 1.5 blocks
-    engine.add(parent)
+    parent = engine.add(request([5, 6, 7, 8, 9, 10], 8, SamplingParams()))  # 1.5 blocks
     engine.step()  # prefill; its first token sampled
     child = sequence(parent.prompt_ids, 8, SamplingParams())
     child.output_ids = [77]  # a different continuation of the same 6 tokens
@@ -248,19 +285,17 @@ def test_other_decoders_work_through_the_attention_interface(arch, tmp_path):
         EngineConfig(str(tmp_path), dtype="float32", max_num_seqs=4, max_num_batched_tokens=16, block_size=4)
     )
     prompts = [[3, 4, 5], list(range(10, 40)), [7] * 9]
-    seqs = [sequence(p, 10, SamplingParams()) for p in prompts]
-    run_all(runner, seqs)
+    _, seqs = run_all(runner, [request(p, 10, SamplingParams()) for p in prompts])
     assert [s.output_ids for s in seqs] == [generate(model, p, 10) for p in prompts]
 
 
 def test_end_id_stop_words_and_min_length(runner):
-    probe = sequence([10, 11, 12], 12, SamplingParams())
-    run_all(runner, [probe])
+    _, (probe,) = run_all(runner, [request([10, 11, 12], 12, SamplingParams())])
     out = probe.output_ids
-    ended = sequence([10, 11, 12], 12, SamplingParams(end_id=out[3]))
-    stopped = sequence([10, 11, 12], 12, SamplingParams(), stop_words=[out[2:4]])
-    delayed = sequence([10, 11, 12], 12, SamplingParams(end_id=out[0], min_length=5))
-    run_all(runner, [ended, stopped, delayed])
+    ended = request([10, 11, 12], 12, SamplingParams(end_id=out[3]))
+    stopped = request([10, 11, 12], 12, SamplingParams(), stop_words=[out[2:4]])
+    delayed = request([10, 11, 12], 12, SamplingParams(end_id=out[0], min_length=5))
+    _, (ended, stopped, delayed) = run_all(runner, [ended, stopped, delayed])
     assert (ended.output_ids, ended.out.finish_reason) == (out[:4], "end_id")
     assert (stopped.output_ids, stopped.out.finish_reason) == (out[:4], "stop_words")
     assert len(delayed.output_ids) >= 5 and out[0] not in delayed.output_ids[:5]
@@ -268,8 +303,7 @@ def test_end_id_stop_words_and_min_length(runner):
 
 def test_a_stop_string_spanning_tokens_stops_and_cuts_the_text(runner, model_dir):
     tokenizer = load_tokenizer(str(model_dir))
-    probe = sequence([10, 11, 12], 24, SamplingParams())
-    run_all(runner, [probe])
+    _, (probe,) = run_all(runner, [request([10, 11, 12], 24, SamplingParams())])
     out = probe.output_ids
     # A stop string made of the end of token k's text and the start of token k + 1's.
     for k in range(1, len(out) - 1):
@@ -279,22 +313,19 @@ def test_a_stop_string_spanning_tokens_stops_and_cuts_the_text(runner, model_dir
             break
     else:
         pytest.skip("no two tokens of this output have text on both sides")
-    seq = sequence([10, 11, 12], 24, SamplingParams(), stop_strings=(stop,), text_wanted=True)
-    run_all(runner, [seq], tokenizer=tokenizer)
+    seq = request([10, 11, 12], 24, SamplingParams(), stop_strings=(stop,), text_wanted=True)
+    _, (seq,) = run_all(runner, [seq], tokenizer=tokenizer)
     assert seq.output_ids == out[: k + 1] and seq.out.finish_reason == "stop_words"
     text = "".join(seq.out.texts) + seq.out.text_end
     assert text == after[: after.index(stop)] and seq.text.matched == stop
     # Before min_length a stop string does not count (nor does its text get cut).
-    late = sequence(
-        [10, 11, 12], 24, SamplingParams(min_length=k + 3), stop_strings=(stop,), text_wanted=True
-    )
-    run_all(runner, [late], tokenizer=tokenizer)
+    late = request([10, 11, 12], 24, SamplingParams(min_length=k + 3), stop_strings=(stop,), text_wanted=True)
+    _, (late,) = run_all(runner, [late], tokenizer=tokenizer)
     assert late.output_ids[: k + 3] == out[: k + 3] and len(late.output_ids) > k + 1
 
 
 def test_cancelled_sequence_leaves_within_a_step(runner):
     cancel = threading.Event()
-    seq = sequence([1, 2, 3], 200, SamplingParams(), is_cancelled=cancel.is_set)
     outputs = []
 
     def on_output(s: Sequence, n: int) -> None:
@@ -303,12 +334,12 @@ def test_cancelled_sequence_leaves_within_a_step(runner):
             cancel.set()
 
     engine = Engine(runner, on_output)
-    engine.add(seq)
-    waiting = sequence([1, 2, 3], 200, SamplingParams(), is_cancelled=lambda: True)
+    seq = engine.add(request([1, 2, 3], 200, SamplingParams()), is_cancelled=cancel.is_set)
+    waiting = None
     while not seq.out.finish_reason:
         engine.step()
         if len(seq.output_ids) == 2:
-            engine.add(waiting)
+            waiting = engine.add(request([1, 2, 3], 200, SamplingParams()), is_cancelled=lambda: True)
     assert seq.out.finish_reason == "cancelled" and len(seq.output_ids) == 3
     assert waiting.out.finish_reason == "cancelled" and not waiting.output_ids
     assert engine.stats()["kv_blocks_used"] == 0 and not engine.scheduler.has_work()
@@ -319,11 +350,11 @@ def test_a_full_waiting_queue_refuses_requests(model_dir):
         EngineConfig(str(model_dir), dtype="float32", max_num_seqs=2, max_seq_len=64, max_queue_size=2)
     )
     engine = Engine(runner, lambda seq, n: None)
-    assert all(engine.add(sequence([1, 2], 4, SamplingParams())) for _ in range(4))
-    assert not engine.add(sequence([1, 2], 4, SamplingParams()))
+    assert all(engine.add(request([1, 2], 4, SamplingParams())) for _ in range(4))
+    assert not engine.add(request([1, 2], 4, SamplingParams()))
     while engine.scheduler.waiting:  # room again as soon as requests finish
         engine.step()
-    assert engine.add(sequence([1, 2], 4, SamplingParams()))
+    assert engine.add(request([1, 2], 4, SamplingParams()))
 
 
 def test_settings_from_parameters_and_environment(monkeypatch):
@@ -339,23 +370,63 @@ def sampler_input(params: SamplingParams, prompt=(1, 2, 3), output=(), seed=None
     return SamplerInput(params, list(prompt), list(output), params.make_generator(torch.device("cpu")))
 
 
+def sample(logits: torch.Tensor, batch: list[SamplerInput]) -> SamplerOutput:
+    """The engine's sampler (default pipeline) on one row per sequence."""
+    return Sampler(default_pipeline())(logits, SamplingMetadata.of_inputs(batch))
+
+
+def tokens_of(out: SamplerOutput) -> list[int]:
+    return [made.tokens[0] for made in out.tokens.values()]
+
+
 def test_greedy_rules():
     logits = torch.randn(3, 50)
     batch = [sampler_input(SamplingParams()), sampler_input(SamplingParams(temperature=0.0, top_p=0.9))]
     batch.append(sampler_input(SamplingParams(top_k=1, temperature=2.0)))
     assert all(s.params.greedy for s in batch)
-    tokens, _ = sample(logits.clone(), batch)
-    assert tokens == logits.argmax(-1).tolist()
+    assert tokens_of(sample(logits.clone(), batch)) == logits.argmax(-1).tolist()
+
+
+MIXED_ROWS = [  # (settings, prompt, output, seed): every kind of row the sampler treats differently
+    (dict(), (1, 2, 3), (), None),  # greedy
+    (dict(temperature=0.8, top_p=0.95), (1, 2, 3), (), 7),
+    (dict(temperature=1.3, top_k=5), (4, 5), (6,), 3),
+    (dict(top_k=0, top_p=0.6, temperature=0.7), (9,), (9, 9), 11),
+    (dict(typical_p=0.5, top_p=1.0), (1,), (2, 3), 5),
+    (dict(temperature=0.9, top_p=0.9, repetition_penalty=1.4, presence_penalty=0.5), (7, 8), (7, 8, 8), 13),
+    (dict(temperature=1.0, top_k=8, frequency_penalty=0.7, no_repeat_ngram_size=2), (1, 2, 1), (2,), 17),
+    (dict(temperature=0.5, top_k=5, return_log_probs=True, num_top_log_probs=3), (3,), (), 19),
+    (dict(return_log_probs=True), (2, 4), (6,), None),  # greedy with log probs
+    (dict(temperature=0.6, top_p=0.8, min_length=4, end_id=0, bad_words=[[5]]), (1,), (), 23),
+    (dict(temperature=0.8, top_p=0.95), (1, 2, 3), (), 29),  # the second row's settings, another seed
+]
+
+
+def mixed_input(k: int) -> SamplerInput:
+    """A fresh input (its own generator) for row k of MIXED_ROWS."""
+    settings, prompt, output, seed = MIXED_ROWS[k]
+    return sampler_input(SamplingParams(**settings), prompt, output, seed)
 
 
 def test_seeded_sampling_is_reproducible_and_row_independent():
-    logits = torch.randn(4, 100)
+    logits = torch.randn(len(MIXED_ROWS), 100, generator=torch.Generator().manual_seed(0))
+    together = sample(logits.clone(), [mixed_input(k) for k in range(len(MIXED_ROWS))])
+    assert len(together.tokens) == len(MIXED_ROWS)
+    for k, made in together.tokens.items():
+        alone = sample(logits[k : k + 1].clone(), [mixed_input(k)]).tokens[0]
+        assert made.tokens == alone.tokens
+        assert made.log_probs == alone.log_probs and made.top_ids == alone.top_ids
+        assert made.top_log_probs == alone.top_log_probs
+    assert together.tokens[7].log_probs is not None and len(together.tokens[7].top_ids[0]) == 3
+    assert together.tokens[0].log_probs is None  # not asked
+    again = sample(logits.clone(), [mixed_input(k) for k in range(len(MIXED_ROWS))])
+    assert tokens_of(again) == tokens_of(together)  # the same seeds draw the same tokens
+    # The old check: a seeded row draws the same wherever it sits in the batch.
     params = dict(temperature=0.8, top_p=0.95)
-    alone, _ = sample(logits[:1].clone(), [sampler_input(SamplingParams(**params), seed=7)])
+    alone = tokens_of(sample(logits[:1].clone(), [sampler_input(SamplingParams(**params), seed=7)]))
     batch = [sampler_input(SamplingParams(**params), seed=s) for s in (3, 7, 9, 11)]
     batch[0], batch[1] = batch[1], batch[0]
-    together, _ = sample(torch.stack([logits[0], logits[1], logits[2], logits[3]]).clone(), batch)
-    assert together[0] == alone[0]
+    assert tokens_of(sample(logits[:4].clone(), batch))[0] == alone[0]
 
 
 def test_top_k_and_top_p_keep_the_right_tokens():
@@ -397,8 +468,9 @@ def test_presence_and_frequency_penalties():
 def test_log_probs_are_log_softmax_after_temperature():
     logits = torch.randn(1, 30)
     s = sampler_input(SamplingParams(temperature=0.5, top_k=5, return_log_probs=True), seed=1)
-    tokens, log_probs = sample(logits.clone(), [s])
-    assert log_probs[0] == pytest.approx((logits[0] / 0.5).log_softmax(-1)[tokens[0]].item(), abs=1e-5)
+    made = sample(logits.clone(), [s]).tokens[0]
+    expected = (logits[0] / 0.5).log_softmax(-1)[made.tokens[0]].item()
+    assert made.log_probs[0] == pytest.approx(expected, abs=1e-5)
 
 
 def tensors(**extra) -> dict[str, np.ndarray]:

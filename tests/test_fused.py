@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from engine_helpers import sequence
+from engine_helpers import request
 from test_engine import run_all
 from torch import nn
 from transformers import AutoModelForCausalLM
@@ -53,7 +53,6 @@ def test_engine_greedy_equal_with_and_without_fusion(model_dir):
         )
         assert runner.cache.fold_gqa is fuse
         assert isinstance(runner.model.model.layers[0].mlp.up_proj, nn.Linear) is not fuse
-        seqs = [sequence(p, 12, SamplingParams()) for p in prompts]
-        run_all(runner, seqs, stagger=True)
+        _, seqs = run_all(runner, [request(p, 12, SamplingParams()) for p in prompts], stagger=True)
         outputs.append([s.output_ids for s in seqs])
     assert outputs[0] == outputs[1]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from engine_helpers import sequence
+from engine_helpers import request
 from transformers.generation.logits_process import (
     MinNewTokensLengthLogitsProcessor,
     NoBadWordsLogitsProcessor,
@@ -32,8 +32,9 @@ from tritonlm.sampling.logits_processors import (
     default_pipeline,
 )
 from tritonlm.sampling.logits_processors.watermark import HASH_KEY
+from tritonlm.sampling.metadata import SamplingMetadata
 from tritonlm.sampling.params import SamplerInput, SamplingParams
-from tritonlm.sampling.sampler import sample
+from tritonlm.sampling.sampler import Sampler
 from tritonlm.worker.model_runner import ModelRunner
 
 VOCAB = 32
@@ -41,6 +42,14 @@ VOCAB = 32
 
 def row(params: SamplingParams, prompt=(1, 2, 3), output=()) -> SamplerInput:
     return SamplerInput(params, tuple(prompt), list(output), params.make_generator(torch.device("cpu")))
+
+
+def sample(
+    logits: torch.Tensor, batch: list[SamplerInput], processors: LogitsPipeline | None = None
+) -> list[int]:
+    """The engine's sampler (default: the default pipeline) on one row per sequence: its tokens."""
+    out = Sampler(processors or default_pipeline())(logits, SamplingMetadata.of_inputs(batch))
+    return [made.tokens[0] for made in out.tokens.values()]
 
 
 def random_logits(rows: int, seed: int = 0) -> torch.Tensor:
@@ -277,7 +286,7 @@ def test_ids_beyond_the_logits_vocabulary_are_ignored():
     expected = pipeline(logits.clone(), [without])
     assert torch.equal(got, expected)
     assert torch.isinf(got[0, [1, 5]]).all()
-    tokens, _ = sample(logits.repeat(2, 1), [with_big, without])  # and through the sampler
+    tokens = sample(logits.repeat(2, 1), [with_big, without])  # and through the sampler
     assert tokens[0] == tokens[1] and 0 <= tokens[0] < VOCAB
 
 
@@ -327,15 +336,15 @@ class BanToken:
         logits[rows, [s.params.ban_token for s in inputs]] = float("-inf")
 
 
-def test_a_processor_of_ones_own_plugs_into_sample():
+def test_a_processor_of_ones_own_plugs_into_the_sampler():
     logits = random_logits(3)
     best = logits.argmax(-1).tolist()
     batch = [row(FlaggedParams(ban_token=best[0])), row(FlaggedParams()), row(SamplingParams())]
     pipeline = LogitsPipeline([*default_pipeline().processors, BanToken()])
-    tokens, _ = sample(logits.clone(), batch, pipeline)
+    tokens = sample(logits.clone(), batch, pipeline)
     assert tokens[0] != best[0] and tokens[0] == logits[0].topk(2).indices[1].item()
     assert tokens[1:] == best[1:]
-    assert sample(logits.clone(), batch)[0] == best  # the default pipeline does not know it
+    assert sample(logits.clone(), batch) == best  # the default pipeline does not know it
 
 
 @pytest.fixture(scope="module")
@@ -347,17 +356,16 @@ def watermark_runner(model_dir) -> ModelRunner:
     )
 
 
-def run_to_the_end(engine: Engine, seqs) -> None:
-    for seq in seqs:
-        engine.add(seq)
+def run_to_the_end(engine: Engine, requests) -> list:
+    seqs = [engine.add(req) for req in requests]
     while engine.scheduler.has_work():
         engine.step()
+    return seqs
 
 
 def test_the_engine_builds_its_pipeline_from_its_settings(watermark_runner):
     engine = Engine(watermark_runner, lambda seq, n: None)
-    marked = sequence([10, 11, 12], 8, SamplingParams(watermark=True))
-    run_to_the_end(engine, [marked])
+    (marked,) = run_to_the_end(engine, [request([10, 11, 12], 8, SamplingParams(watermark=True))])
     # delta 50 dwarfs the logits: every greedy token is in its previous token's quarter of the vocab
     previous = [12, *marked.output_ids[:-1]]
     vocab = watermark_runner.vocab_size
@@ -367,16 +375,20 @@ def test_the_engine_builds_its_pipeline_from_its_settings(watermark_runner):
 
 def test_a_processor_of_ones_own_plugs_into_the_engine_for_sampling_and_beams(watermark_runner):
     engine = Engine(watermark_runner, lambda seq, n: None)
-    plain = sequence([10, 11, 12], 6, SamplingParams())
-    beams = sequence([10, 11, 12], 6, SamplingParams(), beam_width=2)
-    run_to_the_end(engine, [plain, beams])
+    plain, beams = run_to_the_end(
+        engine,
+        [
+            request([10, 11, 12], 6, SamplingParams()),
+            request([10, 11, 12], 6, SamplingParams(), beam_width=2),
+        ],
+    )
     banned, banned_in_beams = plain.output_ids[0], beams.group.results[0].tokens[0]
 
-    engine.logits_processors = LogitsPipeline([*engine.logits_processors.processors, BanToken()])
-    flagged = sequence([10, 11, 12], 6, FlaggedParams(ban_token=banned))
-    flagged_beams = sequence([10, 11, 12], 6, FlaggedParams(ban_token=banned_in_beams), beam_width=2)
-    other = sequence([10, 11, 12], 6, SamplingParams())
-    run_to_the_end(engine, [flagged, flagged_beams, other])
+    engine.sampler.processors = LogitsPipeline([*engine.sampler.processors.processors, BanToken()])
+    flagged = request([10, 11, 12], 6, FlaggedParams(ban_token=banned))
+    flagged_beams = request([10, 11, 12], 6, FlaggedParams(ban_token=banned_in_beams), beam_width=2)
+    other = request([10, 11, 12], 6, SamplingParams())
+    flagged, flagged_beams, other = run_to_the_end(engine, [flagged, flagged_beams, other])
     assert banned not in flagged.output_ids and len(flagged.output_ids) == 6
     results = flagged_beams.group.results
     assert len(results) == 2 and all(banned_in_beams not in b.tokens for b in results)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from engine_helpers import sequence
+from engine_helpers import request
 from lora_helpers import make_adapter, merged_generate
 from safetensors.torch import load_file
 from test_engine import run_all
@@ -152,13 +152,13 @@ def test_mixed_adapters_in_one_batch_equal_the_merged_models(runner, adapters, m
     prompt with each adapter), each token for token equal to `generate` of the merged model."""
     store = _store(runner, lora_modules=f"all={adapters['all']},attn={adapters['attn']}")
     choices = [None, "all", "attn"]
-    seqs, expected = [], []
+    requests, expected = [], []
     for i, prompt in enumerate(PROMPTS * 3):
         name = choices[(i + i // 3) % 3]
-        seqs.append(sequence(prompt, NEW_TOKENS, lora=store.named[name] if name else None))
+        requests.append(request(prompt, NEW_TOKENS, lora=store.named[name] if name else None))
         expected.append(merged_generate(model_dir, adapters[name] if name else None, prompt, NEW_TOKENS))
     assert len({tuple(e) for e in expected[:3]}) == 3, "the adapters must change the output"
-    run_all(runner, seqs, stagger=True)
+    _, seqs = run_all(runner, requests, stagger=True)
     for seq, want in zip(seqs, expected, strict=True):
         assert seq.output_ids == want, seq.request.lora and seq.request.lora.name
 

@@ -12,7 +12,6 @@ from PIL import Image
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
-from tritonlm.engine.sequence import Sequence
 from tritonlm.multimodal import checkpoints
 from tritonlm.multimodal.architectures import media_kinds
 from tritonlm.multimodal.encoder import MediaEncoder
@@ -104,9 +103,8 @@ def test_engine_serves_the_table_like_transformers(built, kind):
         "request_output_len": np.array([[NEW_TOKENS]], np.int32),
         "prompt_embedding_table": prompt_table(features),
     }
-    seq = Sequence(parse_request(tensors, runner.vocab_size, 256, hidden_size=runner.hidden_size))
     engine = Engine(runner, lambda s, n: None)
-    engine.add(seq)
+    seq = engine.add(parse_request(tensors, runner.vocab_size, 256, hidden_size=runner.hidden_size))
     while engine.scheduler.has_work():
         engine.step()
     assert seq.output_ids == expected[0, -NEW_TOKENS:].tolist()

@@ -23,7 +23,6 @@ from transformers import LlavaOnevisionProcessor
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
-from tritonlm.engine.sequence import Sequence
 from tritonlm.multimodal import checkpoints
 from tritonlm.multimodal.architectures import media_kinds
 from tritonlm.multimodal.decode import frame_positions, sample_video_frames
@@ -125,9 +124,8 @@ def serve(runner: ModelRunner, ids: list[int], features: list[np.ndarray]) -> li
         "request_output_len": np.array([[NEW_TOKENS]], np.int32),
         "prompt_embedding_table": prompt_table(features),
     }
-    seq = Sequence(parse_request(tensors, runner.vocab_size, MAX_LEN, hidden_size=runner.hidden_size))
     engine = Engine(runner, lambda s, n: None)
-    engine.add(seq)
+    seq = engine.add(parse_request(tensors, runner.vocab_size, MAX_LEN, hidden_size=runner.hidden_size))
     while engine.scheduler.has_work():
         engine.step()
     return seq.output_ids

@@ -71,9 +71,7 @@ def reference(hf_model, ids: list[int], table: np.ndarray, new: int) -> list[int
 
 
 def run(engine: Engine, tensors: list[dict]) -> list[Sequence]:
-    seqs = [Sequence(parse_request(t, VOCAB, 128, hidden_size=HIDDEN)) for t in tensors]
-    for seq in seqs:
-        engine.add(seq)
+    seqs = [engine.add(parse_request(t, VOCAB, 128, hidden_size=HIDDEN)) for t in tensors]
     while engine.scheduler.has_work():
         engine.step()
     return seqs

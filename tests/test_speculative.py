@@ -15,7 +15,6 @@ from tritonlm import default_model
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.request import Request
-from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker.model_runner import ModelRunner
 
@@ -35,9 +34,7 @@ def engine_for(model_dir, **settings) -> Engine:
 
 
 def generate(engine: Engine, params: SamplingParams | None = None, new: int = 24) -> list[list[int]]:
-    seqs = [Sequence(Request(tuple(p), new, params or SamplingParams())) for p in PROMPTS]
-    for seq in seqs:
-        engine.add(seq)
+    seqs = [engine.add(Request(tuple(p), new, params or SamplingParams())) for p in PROMPTS]
     while engine.scheduler.has_work():
         engine.step()
     assert engine.stats()["kv_blocks_used"] == 0

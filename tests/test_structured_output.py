@@ -11,7 +11,7 @@ import jsonschema
 import numpy as np
 import pytest
 import torch
-from engine_helpers import sequence
+from engine_helpers import request
 from schemas import generated_schemas
 
 from tritonlm.config import EngineConfig
@@ -138,33 +138,32 @@ def test_guide_tensors_are_parsed_and_checked():
         parse_request(beams, 64, 64)
 
 
-def run(runner: ModelRunner, tokenizer, seqs) -> Engine:
+def run(runner: ModelRunner, tokenizer, requests, is_cancelled=None) -> tuple[Engine, list]:
+    """Runs the requests to their end; returns the engine and their sequences."""
     done = threading.Semaphore(0)
     engine = Engine(runner, lambda seq, n: seq.out.finish_reason and done.release(), tokenizer=tokenizer)
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
-    for seq in seqs:
-        engine.add(seq)
+    seqs = [engine.add(req, is_cancelled=is_cancelled) for req in requests]
     for _ in seqs:
         assert done.acquire(timeout=120)
     engine.stop()
     thread.join(10)
     assert engine.stats()["kv_blocks_used"] == 0
-    return engine
+    return engine, seqs
 
 
 def guided(tokenizer, prompt, params, guide: Guide, max_new: int = 60):
     params.end_id = tokenizer.eos_token_id
-    return sequence(prompt, max_new, params, guide=guide)
+    return request(prompt, max_new, params, guide=guide)
 
 
 def test_constrained_and_free_sequences_share_steps(model_dir, tokenizer):
     runner = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=128))
     prompts = [[5 + i, 40, 300 + i] for i in range(4)]
-    alone = [sequence(p, 12, SamplingParams()) for p in prompts]
-    run(runner, tokenizer, alone)
+    _, alone = run(runner, tokenizer, [request(p, 12, SamplingParams()) for p in prompts])
     schema = Guide("json_schema", json.dumps(SCHEMA))
-    free = [sequence(p, 12, SamplingParams()) for p in prompts]
+    free = [request(p, 12, SamplingParams()) for p in prompts]
     constrained = [
         guided(tokenizer, [7, 8], SamplingParams(), schema),  # greedy
         guided(tokenizer, [9], SamplingParams(temperature=1.0, top_p=1.0, seed=3), schema),  # sampled
@@ -173,7 +172,8 @@ def test_constrained_and_free_sequences_share_steps(model_dir, tokenizer):
         ),
         guided(tokenizer, [9], SamplingParams(), Guide("json_schema", '{"type": "bogus"}')),  # fails alone
     ]
-    engine = run(runner, tokenizer, free + constrained)
+    engine, seqs = run(runner, tokenizer, free + constrained)
+    free, constrained = seqs[: len(free)], seqs[len(free) :]
     assert [s.output_ids for s in free] == [s.output_ids for s in alone]  # unchanged by the masks
     for seq in constrained[:2]:
         assert seq.out.finish_reason == "end_id", seq.out
@@ -203,13 +203,11 @@ def test_preempted_constrained_sequences_give_the_same_output(model_dir, tokeniz
         ]
 
     roomy = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=96))
-    reference = batch()
-    run(roomy, tokenizer, reference)
+    _, reference = run(roomy, tokenizer, batch())
     small = ModelRunner(
         EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=96, kv_cache_blocks=8)
     )
-    seqs = batch()
-    engine = run(small, tokenizer, seqs)
+    engine, seqs = run(small, tokenizer, batch())
     assert engine.stats()["preemptions"] > 0
     assert [s.output_ids for s in seqs] == [s.output_ids for s in reference]
     for seq in seqs:
@@ -256,8 +254,8 @@ def test_api_fields_become_one_guide(grammars, tokenizer):
 def test_a_cancelled_constrained_sequence_retires(model_dir, tokenizer):
     runner = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=64))
     params = SamplingParams(end_id=tokenizer.eos_token_id)
-    seq = sequence([5, 6], 40, params, guide=Guide("regex", "[a-z]{30}"), is_cancelled=lambda: True)
-    run(runner, tokenizer, [seq])
+    guided_request = request([5, 6], 40, params, guide=Guide("regex", "[a-z]{30}"))
+    _, (seq,) = run(runner, tokenizer, [guided_request], is_cancelled=lambda: True)
     assert seq.out.finish_reason == "cancelled"
 
 
@@ -285,7 +283,7 @@ def test_a_slow_compile_holds_only_its_own_request(model_dir, tokenizer, monkeyp
     thread = threading.Thread(target=engine.run, daemon=True)
     thread.start()
     engine.add(guided(tokenizer, [5], SamplingParams(), Guide("regex", "[ab]{3}")))
-    engine.add(sequence([6, 7], 5, SamplingParams()))
+    engine.add(request([6, 7], 5, SamplingParams()))
     assert done.acquire(timeout=60) and done.acquire(timeout=60)
     engine.stop()
     thread.join(10)

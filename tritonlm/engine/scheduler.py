@@ -32,7 +32,9 @@ The scheduler is not thread-safe: the engine calls it from its loop thread, `add
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.sequence import Sequence, Status
@@ -85,6 +87,17 @@ class SchedulerOutput:
                 del self.seqs[i]
                 return self.num_new.pop(i)
         return 0
+
+
+def fit_proposals(seq: Sequence, n: int, budget: int, room: Callable[[int], bool]) -> int:
+    """The tokens `seq` feeds: its `n` plus all its proposals when they fit both the token `budget`
+    and the free blocks (`room(total)`: can the blocks take `total` new tokens); else `n`, and the
+    proposals are dropped (they never cost a preemption)."""
+    total = n + len(seq.spec_tokens)
+    if total > n and total <= budget and room(total):
+        return total
+    seq.spec_tokens.clear()
+    return n
 
 
 class Scheduler:
@@ -157,12 +170,10 @@ class Scheduler:
                 continue
             if len(seq.spec_tokens) >= self.max_num_batched_tokens:  # could never fit: drop them
                 seq.spec_tokens.clear()
-            n = 1 + len(seq.spec_tokens)
-            if n > budget:  # its proposals wait for a step with room; younger decodes may fit
+            if 1 + len(seq.spec_tokens) > budget:  # its proposals wait for room; younger decodes may fit
                 continue
-            if n > 1 and not self.blocks.can_append(seq, n):  # proposals never cost a preemption
-                seq.spec_tokens.clear()
-                n = 1
+            # Proposals never cost a preemption: without the free blocks for them, they go.
+            n = fit_proposals(seq, 1, budget, partial(self.blocks.can_append, seq))
             while not self.blocks.can_append(seq, n):
                 victim = self._newest_after(seq)
                 self._preempt(victim or seq, batch)
@@ -207,11 +218,7 @@ class Scheduler:
             if not self.blocks.can_allocate(seq, hits, n):
                 break
             if seq.spec_tokens and n == seq.num_tokens - len(hits) * bs:  # its prompt's end: drafts too?
-                k = len(seq.spec_tokens)
-                if n + k <= budget and self.blocks.can_allocate(seq, hits, n + k):
-                    n += k
-                else:
-                    seq.spec_tokens.clear()
+                n = fit_proposals(seq, n, budget, partial(self.blocks.can_allocate, seq, hits))
             self.waiting.popleft()
             cached = self.blocks.allocate(seq, hits)
             if not seq.num_preemptions:  # first admission: what the response reports
@@ -230,11 +237,14 @@ class Scheduler:
         client's draft tokens), when they fit the budget and the free blocks; else they are dropped."""
         if not seq.spec_tokens or seq.num_computed + n < seq.num_tokens:
             return n
-        k = len(seq.spec_tokens)
-        if n + k <= budget and self.blocks.can_append(seq, n + k):
-            return n + k
-        seq.spec_tokens.clear()
-        return n
+        return fit_proposals(seq, n, budget, partial(self.blocks.can_append, seq))
+
+    def unblock_beams(self) -> None:
+        """Every running place may be held by beams waiting for their groups' other beams, which
+        wait for a place: preempt the newest (it is recomputed later) so the queue moves."""
+        running = self.running
+        if self.waiting and running and all(s.status is Status.AWAITING_BEAMS for s in running):
+            self.preempt(running[-1])
 
     def _newest_after(self, seq: Sequence) -> Sequence | None:
         """The newest running sequence admitted after `seq`, if any."""

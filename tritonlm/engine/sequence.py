@@ -11,14 +11,18 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tritonlm.engine.request import Request
-from tritonlm.sampling.params import SamplingParams
-from tritonlm.sampling.sampler import SamplerInput
+from tritonlm.engine.stopping import text_stream
+from tritonlm.sampling.params import SamplerInput, SamplingParams
 from tritonlm.structured_output import GrammarState
 from tritonlm.text.stream import TextStream
+
+if TYPE_CHECKING:
+    from tritonlm.engine.beam_group import BeamGroup
 
 
 class Status(enum.Enum):
@@ -44,10 +48,16 @@ class Outputs:
     top_ids: list[list[int]] = field(default_factory=list)
     top_log_probs: list[list[float]] = field(default_factory=list)
     timings: list[TokenTiming] = field(default_factory=list)
-    # With return_context_logits / return_prompt_log_probs: the logits of every prompt position,
-    # float32 on the CPU, one tensor [positions, vocab] per prefill chunk. With
-    # return_generation_logits: the raw logits row [vocab] each generated token was sampled from.
+    # With return_context_logits: the logits of every prompt position, float32 on the CPU, one
+    # tensor [positions, vocab] per prefill chunk. With return_generation_logits: the logits row
+    # [vocab] each generated token was sampled from.
     prompt_logits: list[torch.Tensor] = field(default_factory=list)
+    prompt_positions: int = 0  # prompt positions whose logits were taken (a recompute feeds them again)
+    # With return_prompt_log_probs: of prompt tokens 1.. under the positions before them (the
+    # sampler's, after temperature), and with num_top_log_probs their best alternatives.
+    prompt_log_probs: list[float] = field(default_factory=list)
+    prompt_top_ids: list[list[int]] = field(default_factory=list)
+    prompt_top_log_probs: list[list[float]] = field(default_factory=list)
     generation_logits: list[torch.Tensor] = field(default_factory=list)
     # With a text stream (Sequence.text): the text each generated token released, and what the
     # stream still held when the sequence finished.
@@ -80,7 +90,7 @@ class Sequence:
     # Structured output: the grammar its output must match (structured_output.GrammarState).
     # Constrained sequences take no proposals (spec_tokens): the mask covers one token per step.
     grammar: GrammarState | None = None
-    group: object | None = None  # the BeamGroup of a beam-search request and of each of its beams
+    group: BeamGroup | None = None  # of a beam-search request and of each of its beams
     is_cancelled: Callable[[], bool] = lambda: False  # set by the Triton adapter
     # Its text, made once on the loop thread (stop strings, text_output); None when nobody asked
     # for text or stop strings.
@@ -89,6 +99,33 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.last_event = self.last_event or self.request.arrival
+
+    @classmethod
+    def start(
+        cls,
+        request: Request,
+        *,
+        device: torch.device,
+        max_seq_len: int,
+        tokenizer: Any = None,
+        grammar: GrammarState | None = None,
+        is_cancelled: Callable[[], bool] | None = None,
+    ) -> Sequence:
+        """A request's sequence, whole: its random stream (on the engine's device), its text stream
+        (with a `tokenizer`), its grammar, and a client's draft tokens as its first proposals
+        (verified with the prompt's last chunk; never past the limits)."""
+        spec_tokens: list[int] = []
+        if request.draft is not None:
+            room = min(request.max_new_tokens, max_seq_len - len(request.prompt_ids)) - 1
+            spec_tokens = list(request.draft.ids[: max(room, 0)])
+        return cls(
+            request,
+            spec_tokens=spec_tokens,
+            generator=request.params.make_generator(device),
+            grammar=grammar,
+            is_cancelled=is_cancelled or (lambda: False),
+            text=text_stream(request, tokenizer),
+        )
 
     # -- the request's, for short -----------------------------------------------------------------
     @property

@@ -3,11 +3,13 @@ text stream that finds its stop strings (and makes its text)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tritonlm.engine.request import Request
-from tritonlm.engine.sequence import Sequence
 from tritonlm.text.stream import TextStream, stop_texts
+
+if TYPE_CHECKING:  # the sequence builds its text stream here
+    from tritonlm.engine.sequence import Sequence
 
 
 def text_stream(request: Request, tokenizer: Any) -> TextStream | None:

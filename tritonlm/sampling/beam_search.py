@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-NEG = -1.0e9  # transformers' "impossible" score
-
 
 @dataclass
 class Beam:

@@ -1,158 +1,138 @@
-"""Choosing one token per sequence of a batched engine step.
+"""The sampler: one engine step's logits → the tokens each sampled sequence makes, their log probs
+and alternatives, and the log probs of the prompt positions the step fed.
 
 1. The logits processors, in place, in the pipeline's order (tritonlm.sampling.logits_processors):
-   embedding bias, repetition penalty, presence/frequency penalties, no-repeat n-grams, bad words,
-   min_length, watermark, then the slot for a grammar token mask. The engine builds its pipeline
-   from its settings and passes it in.
-2. Temperature; log-probs are taken here (after temperature, before any filter).
-3. Top-k, top-p and typical-p over the rows that sample (`filter_logits`).
-4. Greedy argmax, or a seeded draw per request.
+   embedding bias, penalties, no-repeat n-grams, bad words, min_length, watermark, then the
+   grammar token mask (structured output). The engine builds its pipeline from its settings.
+2. Temperature (`ops.temperature_of`); log probs are taken here (after temperature, before any
+   filter).
+3. Per sequence: one row → greedy argmax, or top-k/top-p/typical-p and a seeded draw from the
+   request's own generator; several rows (proposals fed with its token) → the proposals that
+   verification keeps and the token after them (spec_decode.acceptance).
+4. The chosen tokens' log probs and best alternatives, where asked; the raw logits rows where
+   asked (generation logits); prompt log probs of the prompt rows the step kept, with the same
+   temperature rule.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from tritonlm.sampling.logits_processors import LogitsPipeline, default_pipeline
+from tritonlm.sampling.logits_processors import GrammarMask, LogitsPipeline
+from tritonlm.sampling.metadata import PromptRows, SamplingMetadata, SeqRows
+from tritonlm.sampling.ops import apply_temperature, choose, temperature_of, top_alternatives
 from tritonlm.sampling.params import SamplerInput, SamplingParams
+from tritonlm.spec_decode.acceptance import verify
 
-# SamplerInput and SamplingParams too: the engine and tests import them from here.
-__all__ = [
-    "LogProbs",
-    "SamplerInput",
-    "SamplingParams",
-    "choose",
-    "draw",
-    "filter_logits",
-    "log_probs_of",
-    "probabilities",
-    "process",
-    "sample",
-    "top_alternatives",
-]
-
-DEFAULT_PIPELINE = default_pipeline()  # the settings' defaults; the engine passes its own
-
-
-def filter_logits(logits: torch.Tensor, batch: list[SamplerInput]) -> torch.Tensor:
-    """Top-k, top-p and typical-p over the rows that sample; masked entries become -inf."""
-    device = logits.device
-    top_k = torch.tensor([s.params.top_k for s in batch], device=device)
-    top_p = torch.tensor([s.params.top_p or 1.0 for s in batch], device=device)
-    if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        rank = torch.arange(logits.shape[1], device=device)[None, :]
-        remove = (top_k[:, None] > 0) & (rank >= top_k[:, None])
-        probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
-        # drop a token when the tokens ranked above it already reach top_p (always keeps the first)
-        remove |= (probs.cumsum(dim=-1) - probs) >= top_p[:, None]
-        logits = logits.masked_fill(remove.scatter(1, order, remove), float("-inf"))
-    for i, s in enumerate(batch):
-        if s.params.typical_p < 1.0:  # keep the tokens whose surprise is closest to the entropy
-            log_p = logits[i].log_softmax(dim=-1)
-            p = log_p.exp()
-            entropy = -(p * log_p).nan_to_num().sum()
-            order = (-log_p - entropy).abs().argsort()
-            cum = p[order].cumsum(dim=-1)
-            keep = int((cum < s.params.typical_p).sum()) + 1
-            row = torch.full_like(logits[i], float("-inf"))
-            row[order[:keep]] = logits[i][order[:keep]]
-            logits[i] = row
-    return logits
+__all__ = ["PromptLogProbs", "SampledTokens", "Sampler", "SamplerInput", "SamplerOutput", "SamplingParams"]
 
 
 @dataclass
-class LogProbs:
-    """Log probs of one step's chosen tokens (`log_probs[i]` for row i), and for rows that asked for
-    alternatives, the best `num_top_log_probs` (ids and log probs, best first)."""
+class SampledTokens:
+    """What one sequence made in a step: 1 token, or up to 1 + `proposed` after proposals."""
 
-    chosen: list[float]
-    top_ids: dict[int, list[int]]
-    top_values: dict[int, list[float]]
-
-    def __getitem__(self, row: int) -> float:
-        return self.chosen[row]
-
-
-def top_alternatives(log_probs: torch.Tensor, rows: list[int], ks: list[int]) -> tuple[dict, dict]:
-    """The best `ks[j]` entries of `log_probs[rows[j]]`, as ({row: ids}, {row: values})."""
-    if not rows:
-        return {}, {}
-    values, ids = log_probs[rows].topk(max(ks), dim=-1)
-    values, ids = values.tolist(), ids.tolist()
-    return (
-        {r: ids[j][: ks[j]] for j, r in enumerate(rows)},
-        {r: values[j][: ks[j]] for j, r in enumerate(rows)},
-    )
+    tokens: list[int]
+    proposed: int = 0  # proposals the step verified
+    log_probs: list[float] | None = None  # of each token (return_log_probs)
+    top_ids: list[list[int]] | None = None  # per token, best first (num_top_log_probs)
+    top_log_probs: list[list[float]] | None = None
+    generation_logits: list[torch.Tensor] | None = None  # per token, float32 on the CPU
 
 
-def process(
-    logits: torch.Tensor, batch: list[SamplerInput], processors: LogitsPipeline | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Steps 1-2: the logits processors and temperature over `logits` [batch, vocab]; returns them
-    and the log probs (None unless a request asked for them)."""
-    processors = DEFAULT_PIPELINE if processors is None else processors
-    logits = processors(logits.float(), batch)
-    temperature = torch.tensor(
-        [1.0 if s.params.greedy else s.params.temperature for s in batch], device=logits.device
-    )[:, None]
-    logits = logits / temperature
-    log_probs = logits.log_softmax(dim=-1) if any(s.params.return_log_probs for s in batch) else None
-    return logits, log_probs
+@dataclass
+class PromptLogProbs:
+    """One chunk of prompt positions [start, start + len(logits)): the logits kept (float32 on the
+    CPU, with return_context_logits) and, with return_prompt_log_probs, the log prob of each next
+    prompt token under them (and its alternatives, with num_top_log_probs)."""
+
+    start: int
+    positions: int
+    logits: torch.Tensor | None = None
+    chosen: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_log_probs: list[list[float]] = field(default_factory=list)
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from `probs` [vocab]: an exponential race (equivalent to multinomial), argmax p / E
-    with E ~ Exp(1) drawn from the request's own generator, so a seeded request ignores what else is
-    in the batch."""
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return int((probs / noise).argmax())
+@dataclass
+class SamplerOutput:
+    tokens: dict[int, SampledTokens] = field(default_factory=dict)  # by place in the step
+    beam_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # a beam's next-token logits
+    prompts: dict[int, PromptLogProbs] = field(default_factory=dict)
+    grammar_masked: bool = False  # a grammar mask was applied this step
 
 
-def choose(logits: torch.Tensor, batch: list[SamplerInput]) -> list[int]:
-    """Steps 3-4 on processed logits: greedy argmax, or a draw after top-k/top-p/typical-p."""
-    tokens = logits.argmax(dim=-1)
-    sampling = [i for i, s in enumerate(batch) if not s.params.greedy]
-    if sampling:
-        probs = filter_logits(logits[sampling], [batch[i] for i in sampling]).softmax(dim=-1)
-        for row, i in enumerate(sampling):
-            tokens[i] = draw(probs[row], batch[i].generator)
-    return tokens.tolist()
+class Sampler:
+    def __init__(self, processors: LogitsPipeline):
+        self.processors = processors  # also beam search's (engine.beam_group)
+
+    @property
+    def grammar_mask(self) -> GrammarMask | None:
+        return next((p for p in self.processors.processors if isinstance(p, GrammarMask)), None)
+
+    @torch.inference_mode()
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """`logits`: the step's rows (those `metadata.rows` names; all when None)."""
+        mask = self.grammar_mask
+        masked = mask.steps if mask is not None else 0
+        out = SamplerOutput(beam_logits={i: logits[r] for i, r in metadata.beams.items()})
+        if metadata.seqs:
+            out.tokens = self._tokens(logits, metadata)
+        out.prompts = {p.index: prompt_log_probs(p) for p in metadata.prompts}
+        out.grammar_masked = mask is not None and mask.steps != masked
+        return out
+
+    def _tokens(self, logits: torch.Tensor, metadata: SamplingMetadata) -> dict[int, SampledTokens]:
+        inputs = metadata.inputs
+        raw = logits if metadata.rows is None else logits[torch.tensor(metadata.rows, device=logits.device)]
+        processed = apply_temperature(self.processors(raw.float(), inputs), [s.params for s in inputs])
+        log_probs = processed.log_softmax(dim=-1) if any(s.params.return_log_probs for s in inputs) else None
+        firsts = [0]
+        for seq in metadata.seqs:
+            firsts.append(firsts[-1] + len(seq.inputs))
+        singles = [firsts[k] for k, seq in enumerate(metadata.seqs) if not seq.proposals]
+        drawn = dict(zip(singles, choose(processed[singles], [inputs[r] for r in singles]), strict=True))
+        made: dict[int, SampledTokens] = {}
+        for seq, first in zip(metadata.seqs, firsts, strict=False):
+            if not seq.proposals:
+                tokens = [drawn[first]]
+            else:
+                rows = processed[first : first + len(seq.inputs)]
+                tokens = verify(rows, seq.inputs, seq.proposals, seq.draft_probs, seq.threshold)
+            sampled = SampledTokens(tokens, len(seq.proposals))
+            made[seq.index] = _with_extras(sampled, seq, first, raw, log_probs)
+        return made
 
 
-def probabilities(logits: torch.Tensor, s: SamplerInput) -> torch.Tensor:
-    """The distribution `choose` draws from for one processed row [vocab]: one-hot on the argmax
-    for a greedy request, else the filtered softmax."""
-    if s.params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).to(logits.dtype)
-    return filter_logits(logits[None].clone(), [s])[0].softmax(dim=-1)
+def _with_extras(
+    sampled: SampledTokens, seq: SeqRows, first: int, raw: torch.Tensor, log_probs: torch.Tensor | None
+) -> SampledTokens:
+    """Adds the log probs, alternatives and raw rows the sequence asked for."""
+    params, n = seq.params, len(sampled.tokens)
+    if params.return_generation_logits:
+        sampled.generation_logits = [raw[first + j].float().cpu() for j in range(n)]
+    if log_probs is None or not params.return_log_probs:
+        return sampled
+    rows = log_probs[torch.tensor(range(first, first + n), dtype=torch.long, device=log_probs.device)]
+    chosen = rows.gather(1, torch.tensor(sampled.tokens, device=rows.device)[:, None]).squeeze(1)
+    sampled.log_probs = chosen.tolist()
+    if params.num_top_log_probs:
+        sampled.top_ids, sampled.top_log_probs = top_alternatives(rows, params.num_top_log_probs)
+    return sampled
 
 
-def log_probs_of(
-    log_probs: torch.Tensor, rows: list[int], tokens: list[int], batch: list[SamplerInput]
-) -> LogProbs:
-    """The log probs of `tokens[j]` under row `rows[j]` (and alternatives where asked), indexed by j;
-    `batch[j]` is that row's input."""
-    index = torch.tensor(rows, dtype=torch.long, device=log_probs.device)
-    chosen = log_probs[index].gather(1, torch.tensor(tokens, device=log_probs.device)[:, None]).squeeze(1)
-    wanted = [j for j, s in enumerate(batch) if s.params.num_top_log_probs]
-    top_ids, top_values = top_alternatives(
-        log_probs[index], wanted, [batch[j].params.num_top_log_probs for j in wanted]
-    )
-    return LogProbs(chosen.tolist(), top_ids, top_values)
-
-
-@torch.inference_mode()
-def sample(
-    logits: torch.Tensor, batch: list[SamplerInput], processors: LogitsPipeline | None = None
-) -> tuple[list[int], LogProbs | None]:
-    """Chooses one token per row of `logits` [batch, vocab] after `processors` (default: the default
-    pipeline with the settings' defaults); returns the tokens and their log-probs (None unless a
-    request asked for them)."""
-    logits, log_probs = process(logits, batch, processors)
-    chosen = choose(logits, batch)
-    if log_probs is None:
-        return chosen, None
-    return chosen, log_probs_of(log_probs, list(range(len(chosen))), chosen, batch)
+def prompt_log_probs(rows: PromptRows) -> PromptLogProbs:
+    """Log probs of prompt tokens start + 1.. under the rows before them, after the same
+    temperature as the generated ones, computed on float32 CPU copies (what context logits report)."""
+    params = rows.params
+    kept = rows.logits.float().cpu()
+    out = PromptLogProbs(rows.start, kept.shape[0], kept if params.return_context_logits else None)
+    if not params.return_prompt_log_probs or not rows.targets:
+        return out
+    log_probs = (kept[: len(rows.targets)] / temperature_of(params)).log_softmax(dim=-1)
+    targets = torch.tensor(rows.targets, dtype=torch.long)
+    out.chosen = log_probs.gather(1, targets[:, None]).squeeze(1).tolist()
+    if params.num_top_log_probs:
+        out.top_ids, out.top_log_probs = top_alternatives(log_probs, params.num_top_log_probs)
+    return out

@@ -8,7 +8,6 @@ import numpy as np
 import torch
 
 from tritonlm.engine.sequence import Sequence
-from tritonlm.sampling.sampler import top_alternatives
 from tritonlm.serving import contract
 from tritonlm.text.postprocess import TEXT_NAMES, Postprocessor
 from tritonlm.text.tokenization import ids_to_list
@@ -16,20 +15,15 @@ from tritonlm.text.tokenization import ids_to_list
 _DTYPES = {t.name: contract.NUMPY_DTYPES[t.dtype] for t in contract.ENGINE_OUTPUTS}
 
 
-def _prompt_log_probs(seq: Sequence, logits: torch.Tensor) -> dict[str, object]:
-    """Log probs of prompt tokens 1.. under the logits of the positions before them (token 0 has
-    none: 0, and an alternatives row of -inf / -1), after temperature like the generated ones."""
-    params = seq.params
-    temperature = 1.0 if params.greedy else params.temperature
-    log_probs = (logits[:-1] / temperature).log_softmax(dim=-1)
-    targets = torch.tensor(seq.prompt_ids[1:], dtype=torch.long)
-    chosen = [0.0, *log_probs.gather(1, targets[:, None]).squeeze(1).tolist()]
-    k = params.num_top_log_probs
-    rows = list(range(len(targets)))
+def _prompt_log_probs(seq: Sequence) -> dict[str, object]:
+    """The sampler's log probs of prompt tokens 1.. (token 0 has none: 0, and an alternatives row
+    of -inf / -1)."""
+    out = seq.out
+    chosen = [0.0, *out.prompt_log_probs]
+    k = seq.params.num_top_log_probs
     if k:
-        ids, values = top_alternatives(log_probs, rows, [k] * len(rows))
-        top_ids: object = [[-1] * k] + [ids[i] for i in rows]
-        top_values: object = [[-np.inf] * k] + [values[i] for i in rows]
+        top_ids: object = [[-1] * k, *out.prompt_top_ids]
+        top_values: object = [[-np.inf] * k, *out.prompt_top_log_probs]
     else:
         top_ids = top_values = np.zeros((len(chosen), 0))
     return {"prompt_log_probs": chosen, "prompt_top_ids": top_ids, "prompt_top_log_probs": top_values}
@@ -78,8 +72,8 @@ def response_tensors(seq: Sequence, first: int, end: int, finish_reason: str) ->
         "skip_special_tokens": [request.skip_special_tokens],
         "include_stop_str_in_output": [request.include_stop_str_in_output],
     }
-    if context is not None and params.return_prompt_log_probs:
-        values.update(_prompt_log_probs(seq, context))
+    if first == 0 and out.prompt_positions and params.return_prompt_log_probs:
+        values.update(_prompt_log_probs(seq))
     return {name: np.asarray(value, dtype=_DTYPES[name]) for name, value in values.items()}
 
 

@@ -98,17 +98,18 @@ class EngineService:
                 final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
                 sender.send(pb_utils.InferenceResponse(error=full), flags=final)
                 continue
-            seq = Sequence(parsed, is_cancelled=lambda key=parsed.key: key in self.cancelled)
-            self.senders[seq.key] = sender
+            key = parsed.key
+            self.senders[key] = sender  # before the engine may report on it
             if wanted and wanted != self.all_outputs:
-                self.wanted[seq.key] = wanted
-            if not self.engine.add(seq):  # the waiting queue is full: refuse now, do not queue
-                self.wanted.pop(seq.key, None)
+                self.wanted[key] = wanted
+            # None: the waiting queue is full: refuse now, do not queue.
+            if self.engine.add(parsed, is_cancelled=lambda key=key: key in self.cancelled) is None:
+                self.wanted.pop(key, None)
                 self.adapters.release(parsed.lora)
                 message = overloaded_message(self.engine.stats()["waiting"])
                 error = pb_utils.TritonError(message, pb_utils.TritonError.UNAVAILABLE)
                 with self.senders_lock:  # see _send_loop
-                    del self.senders[seq.key]
+                    del self.senders[key]
                     sender.send(
                         pb_utils.InferenceResponse(error=error),
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,

@@ -63,6 +63,7 @@ class EngineMetrics:
             if name in self.counters:
                 self.counters[name].increment(value - self.last.get(name, 0))
             self.last[name] = value
-        while engine.latencies:
-            kind, seconds = engine.latencies.popleft()
+        latencies = engine.counters.latencies
+        while latencies:
+            kind, seconds = latencies.popleft()
             self.histograms[kind].observe(seconds)

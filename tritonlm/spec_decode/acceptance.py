@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from tritonlm.sampling.sampler import SamplerInput, choose, draw, probabilities
+from tritonlm.sampling.ops import choose, draw, probabilities
+from tritonlm.sampling.params import SamplerInput
 
 
 def verify(

@@ -1,5 +1,5 @@
 """The engine's hook for speculative decoding: before each step, proposals for the decoding
-sequences (`Sequence.spec_tokens`), which the step verifies (engine.loop → acceptance.verify)."""
+sequences (`Sequence.spec_tokens`), which the step verifies (the Sampler, with acceptance.verify)."""
 
 from __future__ import annotations
 
