@@ -31,9 +31,9 @@ COPY model_repository model_repository
 COPY corpus corpus
 
 # Editable on purpose: the launcher finds model_repository/ and models/ next to the tritonlm package.
-# The default model is generated at build time so the image serves something without MODEL_DIR.
+# The tiny model is generated at build time so the image serves something without MODEL_DIR.
 RUN pip install --no-cache-dir --no-deps -e . \
-    && python3 -m tritonlm.default_model models/default
+    && python3 -m tritonlm.tiny_model models/tiny
 
 # Non-root (Kubernetes: runAsNonRoot, uid 1000); the launcher writes its logs under .triton/.
 # TRITON_REPLICAS=1: one tritonserver per container; on Kubernetes, pods are the replicas.

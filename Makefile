@@ -36,16 +36,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m tritonlm.smollm2  # once: GGUF -> models/smollm2-135m-instruct
 	touch $@
 
-# The default model (random weights, trained tokenizer), generated deterministically.
+# The tiny model (random weights, trained tokenizer), generated deterministically.
 model: setup
-	$(PY) -m tritonlm.default_model models/default
+	$(PY) -m tritonlm.tiny_model models/tiny
 
 # Throughput and latency of static-batch transformers generate, this project and vLLM's CPU server
 # on the ~30M-parameter bench model, in fp32 and bf16, plus the physical limit of each dtype; about
 # ten minutes. Results: bench_results/. Not part of `make test`. BENCH_ARGS="--systems 12345" adds
 # one-at-a-time generate and `transformers serve`.
 bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed
-	test -f models/bench/config.json || $(PY) -m tritonlm.default_model models/bench --size bench
+	test -f models/bench/config.json || $(PY) -m tritonlm.tiny_model models/bench --size bench
 	$(PY) -m client.bench $(BENCH_ARGS)
 
 $(VENV)/.bench-installed: pyproject.toml

@@ -48,7 +48,7 @@ import torch
 from client import load
 from client.load import Prompt, Result
 from tritonlm import launcher
-from tritonlm.default_model import count_parameters
+from tritonlm.tiny_model import count_parameters
 
 ROOT = launcher.ROOT
 BENCH_MODEL_DIR = ROOT / "models" / "bench"
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (model_dir / "config.json").exists():
         if model_dir != BENCH_MODEL_DIR:
             parser.error(f"{model_dir}: no config.json")
-        from tritonlm.default_model import generate
+        from tritonlm.tiny_model import generate
 
         generate(model_dir, size="bench")
     from transformers import AutoTokenizer

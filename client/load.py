@@ -32,7 +32,7 @@ import numpy as np
 
 from tritonlm.serving import contract
 
-DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "default"
+DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tiny"
 PERCENTILES = (50, 90, 99)
 APIS = ("openai", "tgi", "grpc")
 

@@ -1,4 +1,4 @@
-"""Test session fixtures: the default model, and a real tritonserver + frontend on free ports.
+"""Test session fixtures: the tiny model, and a real tritonserver + frontend on free ports.
 
 The servers start once per session (only when a test asks for them), on ports nobody else uses, so
 a `make run` in progress is never disturbed; they stop at the end of the session.
@@ -32,14 +32,14 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    """The default model, generated once (deterministic, so reusing models/default is safe)."""
+    """The tiny model, generated once (deterministic, so reusing models/tiny is safe)."""
     if os.environ.get("MODEL_DIR"):
         return Path(os.environ["MODEL_DIR"])
-    if not (launcher.DEFAULT_MODEL_DIR / "config.json").exists():
-        from tritonlm.default_model import generate
+    if not (launcher.TINY_MODEL_DIR / "config.json").exists():
+        from tritonlm.tiny_model import generate
 
-        generate(launcher.DEFAULT_MODEL_DIR)
-    return launcher.DEFAULT_MODEL_DIR
+        generate(launcher.TINY_MODEL_DIR)
+    return launcher.TINY_MODEL_DIR
 
 
 @dataclass
@@ -66,8 +66,9 @@ class Servers:
 @contextlib.contextmanager
 def running_servers(model_dir: Path, settings: dict[str, str]) -> Iterator[Servers]:
     """tritonserver + frontend on free ports, with engine `settings` (TRITONLM_* variables); both are
-    stopped on leaving, and their log tails printed if they fail to start. They run in float32 unless
-    `settings` say otherwise: tests compare their outputs with float32 transformers."""
+    stopped on leaving, and their log tails printed if they fail to start. The model is served under
+    its directory's name, as `make run` does. They run in float32 unless `settings` say otherwise:
+    tests compare their outputs with float32 transformers."""
     settings = {"TRITONLM_DTYPE": "float32", **settings}
     ports = launcher.Ports(frontend=free_port(), http=free_port(), grpc=free_port(), metrics=free_port())
     log_dir = Path(tempfile.mkdtemp(prefix="tritonlm-test-"))
@@ -80,10 +81,10 @@ def running_servers(model_dir: Path, settings: dict[str, str]) -> Iterator[Serve
         launcher.wait_ready(f"http://127.0.0.1:{ports.http}/v2/health/ready", triton, 300, "tritonserver")
         with mock.patch.dict(os.environ, settings):  # the frontend reads lora_modules as the engine does
             frontend = launcher.start_frontend(
-                ports, "default", log_dir / "frontend.log", model_dir=model_dir
+                ports, model_dir.name, log_dir / "frontend.log", model_dir=model_dir
             )
         launcher.wait_ready(f"http://127.0.0.1:{ports.frontend}/health", frontend, 60, "frontend")
-        yield Servers(ports, model_dir, "default", log_dir)
+        yield Servers(ports, model_dir, model_dir.name, log_dir)
     except Exception:
         for log in sorted(log_dir.glob("*.log")):
             print(

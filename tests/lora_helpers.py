@@ -1,4 +1,4 @@
-"""Test LoRA adapters, built deterministically at test time with PEFT on the default model, and the
+"""Test LoRA adapters, built deterministically at test time with PEFT on the tiny model, and the
 reference they must match: transformers `generate` of the adapter merged into the base."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Beam search decisions equal transformers `generate(num_beams=...)` on the default model."""
+"""Beam search decisions equal transformers `generate(num_beams=...)` on the tiny model."""
 
 from __future__ import annotations
 

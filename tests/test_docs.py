@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 EXAMPLE_DOCS = [ROOT / "README.md", ROOT / "docs" / "http-apis.md"]
-# The model id the examples name (`make run`'s); the test servers serve the tiny model as "default".
+# The model id the examples name (`make run`'s); the test servers serve the tiny model as "tiny".
 DOCUMENTED_MODEL = "smollm2-135m-instruct"
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)

@@ -75,7 +75,7 @@ def _check(report: dict, n: int, exact_tokens: bool) -> None:
     assert report["completed"] == n
     if exact_tokens:  # ignore_eos
         assert report["total_output_tokens"] == n * 8
-    else:  # TGI has no ignore_eos: the default model may end early
+    else:  # TGI has no ignore_eos: the tiny model may end early
         assert n <= report["total_output_tokens"] <= n * 8
     assert report["output_throughput"] > 0 and report["request_throughput"] > 0
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
@@ -123,11 +123,11 @@ def test_bench_model_size_and_forward_flops() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from client.bench import forward_flops
-    from tritonlm import default_model
+    from tritonlm import tiny_model
 
-    shape = default_model.SIZES["bench"]
+    shape = tiny_model.SIZES["bench"]
     config = LlamaConfig(
-        vocab_size=default_model.VOCAB_SIZE,
+        vocab_size=tiny_model.VOCAB_SIZE,
         hidden_size=shape.hidden,
         intermediate_size=shape.intermediate,
         num_hidden_layers=shape.layers,

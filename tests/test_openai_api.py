@@ -271,7 +271,7 @@ def test_end_tokens_and_ignore_eos(servers, client, model, hf_model):
         tokenizer.eos_token_id: "end of text",
         tokenizer.convert_tokens_to_ids("<|im_end|>"): "end of turn",
     }
-    # One-token prompts after which the greedy choice is an end token (the default model's weights
+    # One-token prompts after which the greedy choice is an end token (the tiny model's weights
     # are random, so they are found, not known).
     with torch.no_grad():
         candidates = torch.arange(5, len(tokenizer))
@@ -281,7 +281,7 @@ def test_end_tokens_and_ignore_eos(servers, client, model, hf_model):
         text = tokenizer.decode([token])
         if after in ends and tokenizer.encode(text) == [token]:
             prompts.setdefault(after, text)
-    assert prompts, "no prompt of the default model ends right away"
+    assert prompts, "no prompt of the tiny model ends right away"
     for end, prompt in prompts.items():
         args = {"model": model, "prompt": prompt, "max_tokens": 5, "temperature": 0}
         out = client.completions.create(**args)

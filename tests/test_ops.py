@@ -28,7 +28,7 @@ from frontend.ops.context import RequestRecord, close_record, open_record
 from tritonlm import launcher
 
 KEY = "sk-test-0123456789"
-COMPLETION = {"model": "default", "prompt": "Hello", "max_tokens": 4}
+COMPLETION = {"model": "tiny", "prompt": "Hello", "max_tokens": 4}
 
 
 def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
@@ -79,7 +79,7 @@ def tls_frontend(servers: Servers, tmp_path_factory) -> Iterator[Frontend]:
     }
     log = directory / "frontend.log"
     with mock.patch.dict(os.environ, env):
-        process = launcher.start_frontend(ports, "default", log, model_dir=servers.model_dir)
+        process = launcher.start_frontend(ports, "tiny", log, model_dir=servers.model_dir)
         try:
             url, context = launcher.frontend_health(ports)
             assert url.startswith("https://")
@@ -103,9 +103,9 @@ def test_https_with_an_api_key_serves_generations(tls_frontend: Frontend):
     [
         ("/", {"inputs": "Hi", "parameters": {"max_new_tokens": 2}}),
         ("/v1/completions", COMPLETION),
-        ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": "Hi"}]}),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]}),
         ("/v1/embeddings", {"input": "Hi"}),
-        ("/serving-endpoints/default/invocations", {"prompt": "Hi"}),
+        ("/serving-endpoints/tiny/invocations", {"prompt": "Hi"}),
     ],
 )
 def test_every_api_refuses_a_missing_or_wrong_key_with_401_in_its_format(tls_frontend: Frontend, path, body):
@@ -150,7 +150,7 @@ def test_client_certificates_are_required_with_a_ca(servers: Servers, tmp_path: 
     env = {"SSL_CERTFILE": str(cert), "SSL_KEYFILE": str(key), "SSL_CA_CERTS": str(client_cert)}
     with mock.patch.dict(os.environ, env):
         process = launcher.start_frontend(
-            ports, "default", tmp_path / "frontend.log", model_dir=servers.model_dir
+            ports, "tiny", tmp_path / "frontend.log", model_dir=servers.model_dir
         )
         try:
             health_url, context = launcher.frontend_health(ports)

@@ -30,7 +30,7 @@ def real() -> Iterator[Servers]:
 
 def test_chat_answers_the_question(real: Servers) -> None:
     body = {
-        "model": "default",
+        "model": real.model_name,
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 16,
         "temperature": 0,

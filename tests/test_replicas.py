@@ -78,7 +78,7 @@ def _engine_requests(ports: launcher.Ports, replica: int) -> int:
 
 
 def _complete(ports: launcher.Ports, prompt: str, max_tokens: int = 4) -> dict:
-    body = {"model": "default", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     response = httpx.post(f"http://127.0.0.1:{ports.frontend}/v1/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()
@@ -118,7 +118,7 @@ def _replica_pid(grpc_port: int) -> int:
 
 def _stream(ports: launcher.Ports, index: int, started: list) -> dict:
     """One streamed completion: how many tokens came and whether it ended with an error event."""
-    body = {"model": "default", "prompt": f"story {index}:", "max_tokens": 120, "stream": True,
+    body = {"model": "tiny", "prompt": f"story {index}:", "max_tokens": 120, "stream": True,
             "temperature": 1.0, "ignore_eos": True}  # fmt: skip
     chunks, error = 0, None
     with httpx.stream(

@@ -109,7 +109,7 @@ def test_models_lists_both(servers):
     [
         ({"input": []}, 400, "input"),
         ({"input": ""}, 400, "input"),
-        ({"input": "x", "model": "default"}, 400, "model"),  # the generative model
+        ({"input": "x", "model": "tiny"}, 400, "model"),  # the generative model
         ({"input": "x", "model": "no-such-model"}, 404, "model"),
         ({"input": "x", "dimensions": 128}, 400, "dimensions"),
         ({"input": "x", "encoding_format": "int8"}, 400, "encoding_format"),

@@ -11,7 +11,7 @@ import pytest
 from conftest import running_servers
 
 from client.stream import StreamClient
-from tritonlm import default_model
+from tritonlm import tiny_model
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.request import Request
@@ -25,7 +25,7 @@ PROMPTS = [PHRASE * 3 + [300, 41], [5, 77, 1200, 9, 45, 3001, 17, 22, 5, 77, 120
 
 @pytest.fixture(scope="module")
 def draft_dir(tmp_path_factory):
-    return default_model.generate(tmp_path_factory.mktemp("draft"), seed=1, size="draft")
+    return tiny_model.generate(tmp_path_factory.mktemp("draft"), seed=1, size="draft")
 
 
 def engine_for(model_dir, **settings) -> Engine:

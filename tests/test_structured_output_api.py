@@ -1,4 +1,4 @@
-"""Structured output end to end (real tritonserver + frontend, the default random-weight model):
+"""Structured output end to end (real tritonserver + frontend, the tiny random-weight model):
 OpenAI's response_format and vLLM's structured_outputs, Databricks' response_format, TGI's
 grammar, the gRPC ensemble's guided_decoding tensors, and the errors that name the field."""
 

@@ -97,7 +97,7 @@ def test_reasoning_then_tool_call(size: int) -> None:
 
 @pytest.mark.parametrize("size", [0, 1, 2, 5])
 def test_reasoning_split(size: int) -> None:
-    # The prompt opened the thought (DeepSeek-R1, enable_thinking true on the default model).
+    # The prompt opened the thought (DeepSeek-R1, enable_thinking true on the tiny model).
     r, c, _, _ = read(ReplyReader(thinking=ThinkSplitter(in_thought=True)), "hmm</think>\n\nAnswer", size)
     assert (r, c) == ("hmm", "Answer")
     # Qwen3: the model opens it itself; a reply without the tag is all answer.

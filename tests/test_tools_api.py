@@ -1,4 +1,4 @@
-"""End to end on the real tritonserver + frontend with the default model: tools reach the chat
+"""End to end on the real tritonserver + frontend with the tiny model: tools reach the chat
 template, `tool_choice` none / auto / required / a named function, history with tool calls, the
 reasoning split, streamed and not, with the `openai` SDK; and, when the real instruct model is
 present, a weather call that names Paris."""

@@ -40,7 +40,7 @@ from tritonlm.serving import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
-DEFAULT_MODEL_DIR = ROOT / "models" / "default"  # the tiny generated model (tests, MODEL=tiny)
+TINY_MODEL_DIR = ROOT / "models" / "tiny"  # the tiny generated model (tests, MODEL=tiny)
 TRITON_EXIT_TIMEOUT_S = 5  # tritonserver's own bound on in-flight requests at exit
 TRITON_STOP_TIMEOUT_S = 7  # then the launcher kills its process group
 REPLICA_PORT_STEP = 100  # replica i's Triton ports: the configured ones + 100·i
@@ -245,11 +245,11 @@ def resolve_model_dir(config: FrontendConfig) -> Path:
         return Path(config.model_dir).resolve()
     model = config.model or "smollm2"  # the Makefile exports MODEL, empty when not given
     if model == "tiny":
-        if not (DEFAULT_MODEL_DIR / "config.json").exists():
-            from tritonlm.default_model import generate
+        if not (TINY_MODEL_DIR / "config.json").exists():
+            from tritonlm.tiny_model import generate
 
-            generate(DEFAULT_MODEL_DIR)
-        return DEFAULT_MODEL_DIR
+            generate(TINY_MODEL_DIR)
+        return TINY_MODEL_DIR
     if model != "smollm2":
         raise ConfigError(f"MODEL={model!r}: use MODEL=tiny, or MODEL_DIR=/path/to/model")
     return smollm2.convert()

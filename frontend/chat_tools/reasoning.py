@@ -1,4 +1,4 @@
-"""Reasoning split: `<think>…</think>` (Qwen3, DeepSeek-R1, the default model) before the answer.
+"""Reasoning split: `<think>…</think>` (Qwen3, DeepSeek-R1, the tiny model) before the answer.
 
 The thought is `reasoning_content`, the rest `content`. A reply starts inside the thought when the
 prompt opened it (DeepSeek-R1's template, or `enable_thinking: true` on a template that opens it);

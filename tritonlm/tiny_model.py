@@ -1,11 +1,11 @@
-"""Generate the project's default model: a tiny, random, deterministic Llama with a real tokenizer.
+"""Generate the tiny model: a small, random, deterministic Llama with a real tokenizer (tests, MODEL=tiny).
 
 The model's output is nonsense, but reproducible nonsense: the same seed and corpus give the same
 files byte for byte, so tests can compare generations exactly. The tokenizer is a byte-level BPE
 trained on `corpus/` (English, code, Chinese, Japanese, emoji) so that streaming has to deal with
 characters split across tokens, and the chat template covers system/user/assistant/tool turns.
 
-    python -m tritonlm.default_model OUT_DIR [--force] [--seed N] [--size default|bench]
+    python -m tritonlm.tiny_model OUT_DIR [--force] [--seed N] [--size tiny|bench|draft]
 
 `--size bench` builds the same kind of model at about 30M parameters (same tokenizer) for
 `make bench`; its EOS logits are pinned to 0 so greedy decoding never stops early (see SIZES).
@@ -55,7 +55,7 @@ class Shape:
 
 
 SIZES = {
-    "default": Shape(hidden=256, intermediate=512, layers=4, heads=8, kv_heads=4),
+    "tiny": Shape(hidden=256, intermediate=512, layers=4, heads=8, kv_heads=4),
     "bench": Shape(hidden=512, intermediate=1536, layers=8, heads=8, kv_heads=4, no_eos=True),
     # A draft model for speculative decoding tests (`speculative_model`): same tokenizer, smaller.
     "draft": Shape(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2),
@@ -155,7 +155,7 @@ def train_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
     )
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast, seed: int, size: str = "default") -> LlamaForCausalLM:
+def build_model(tokenizer: PreTrainedTokenizerFast, seed: int, size: str = "tiny") -> LlamaForCausalLM:
     shape = SIZES[size]
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -203,9 +203,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast, seed: int, size: str = "defa
     return model
 
 
-def generate(
-    out_dir: str | Path, seed: int = 0, corpus_dir: Path = CORPUS_DIR, size: str = "default"
-) -> Path:
+def generate(out_dir: str | Path, seed: int = 0, corpus_dir: Path = CORPUS_DIR, size: str = "tiny") -> Path:
     """Write tokenizer, config, generation config and model.safetensors to out_dir; return it."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -228,10 +226,10 @@ def count_parameters(model_dir: str | Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description="Generate a tiny deterministic model (default or bench size)."
+        description="Generate a small random deterministic Llama (tiny, bench or draft size)."
     )
     parser.add_argument("out_dir", type=Path)
-    parser.add_argument("--size", choices=sorted(SIZES), default="default")
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--force", action="store_true", help="regenerate even if OUT_DIR/config.json exists")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""The generated default model: deterministic files, lossless tokenizer, chat template, greedy decoding."""
+"""The generated tiny model: deterministic files, lossless tokenizer, chat template, greedy decoding."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tritonlm import default_model
+from tritonlm import tiny_model
 
 FILES = [
     "config.json",
@@ -34,7 +34,7 @@ ROUNDTRIP = [
 
 @pytest.fixture(scope="module")
 def fresh_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return default_model.generate(tmp_path_factory.mktemp("default_model"))
+    return tiny_model.generate(tmp_path_factory.mktemp("tiny_model"))
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +48,13 @@ def model(fresh_dir: Path):
 
 
 def test_files_are_byte_identical_across_runs(fresh_dir: Path, tmp_path: Path) -> None:
-    again = default_model.generate(tmp_path / "again")
+    again = tiny_model.generate(tmp_path / "again")
     for name in FILES:
         assert (again / name).read_bytes() == (fresh_dir / name).read_bytes(), name
 
 
 def test_seed_changes_weights_not_tokenizer(fresh_dir: Path, tmp_path: Path) -> None:
-    other = default_model.generate(tmp_path / "seed1", seed=1)
+    other = tiny_model.generate(tmp_path / "seed1", seed=1)
     assert (other / "tokenizer.json").read_bytes() == (fresh_dir / "tokenizer.json").read_bytes()
     assert (other / "model.safetensors").read_bytes() != (fresh_dir / "model.safetensors").read_bytes()
 
@@ -62,14 +62,14 @@ def test_seed_changes_weights_not_tokenizer(fresh_dir: Path, tmp_path: Path) -> 
 def test_config(fresh_dir: Path, tokenizer) -> None:
     config = json.loads((fresh_dir / "config.json").read_text())
     assert config["model_type"] == "llama"
-    assert config["vocab_size"] == len(tokenizer) == default_model.VOCAB_SIZE
+    assert config["vocab_size"] == len(tokenizer) == tiny_model.VOCAB_SIZE
     assert config["num_key_value_heads"] < config["num_attention_heads"]  # GQA
     assert config["tie_word_embeddings"] is False
     gen = json.loads((fresh_dir / "generation_config.json").read_text())
     assert gen["do_sample"] is False
     assert gen["eos_token_id"] == [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")]
     assert "chat_template" in json.loads((fresh_dir / "tokenizer_config.json").read_text())
-    assert 3_000_000 < default_model.count_parameters(fresh_dir) < 6_000_000
+    assert 3_000_000 < tiny_model.count_parameters(fresh_dir) < 6_000_000
 
 
 def test_special_tokens(tokenizer) -> None:
@@ -79,7 +79,7 @@ def test_special_tokens(tokenizer) -> None:
         "<|pad|>",
     )
     assert len({tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}) == 3
-    for token in default_model.SPECIAL_TOKENS + default_model.MARKUP_TOKENS:
+    for token in tiny_model.SPECIAL_TOKENS + tiny_model.MARKUP_TOKENS:
         assert len(tokenizer.encode(token)) == 1, token
     assert tokenizer.encode("hi")[0] != tokenizer.bos_token_id  # no BOS added implicitly
     # Chat markers are special (skipped), think/tool markup is not (the API parses it).
@@ -187,6 +187,6 @@ def test_logits_are_peaked(tokenizer, model) -> None:
 
 def test_cli_skips_existing(fresh_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = (fresh_dir / "model.safetensors").stat().st_mtime_ns
-    assert default_model.main([str(fresh_dir)]) == 0
+    assert tiny_model.main([str(fresh_dir)]) == 0
     assert "already generated" in capsys.readouterr().out
     assert (fresh_dir / "model.safetensors").stat().st_mtime_ns == before
