@@ -38,7 +38,7 @@ def make_inputs(model: str, values: dict[str, object]) -> list[grpcclient.InferI
         if array.ndim == 0:
             array = array.reshape(1)
         if model == "engine" and name in ("input_ids", "request_output_len") and array.ndim == 1:
-            array = array[None, :]  # [1, N] and [1, 1], as seed 003 shapes them
+            array = array[None, :]  # [1, N] and [1, 1], as the TensorRT-LLM tensors are shaped
         tensor = grpcclient.InferInput(name, list(array.shape), dtype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)

@@ -1,4 +1,4 @@
-"""End to end: Databricks model serving (seed 002): the chat and completions tasks of
+"""End to end: Databricks model serving: the chat and completions tasks of
 `POST /serving-endpoints/{name}/invocations`, and the `openai` SDK with `base_url=.../serving-endpoints`.
 """
 

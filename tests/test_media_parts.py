@@ -42,7 +42,7 @@ def test_chat_parts_become_placeholders_and_refs_in_prompt_order():
             "content": [
                 {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}},
                 {"type": "text", "text": "and"},
-                {"type": "video_url", "video_url": "/media/b.mp4"},  # the seed's shorthand
+                {"type": "video_url", "video_url": "/media/b.mp4"},  # the API's shorthand
                 {"type": "audio_url", "audio_url": {"url": "file:///media/c.wav"}},
                 {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "mp3"}},
             ],

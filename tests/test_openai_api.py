@@ -1,5 +1,6 @@
-"""End to end: the OpenAI-compatible routes (seeds 001 and 004) with the official `openai` client,
-sync and async, and the seeds' request examples sent verbatim (only `model` names the served model).
+"""End to end: the OpenAI-compatible routes (chat completions and completions) with the official `openai`
+client, sync and async, and the APIs' documented request examples sent verbatim (only `model` names
+the served model).
 """
 
 from __future__ import annotations
@@ -513,7 +514,7 @@ def test_seed_001_stream_shapes(servers, model):
 
 
 def test_full_text_stream_mode(servers, model):
-    """The server setting of seed 001's second streaming example: cumulative text, full_text last."""
+    """The server setting of chat completions' second streaming example: cumulative text, full_text last."""
     app = create_app(
         FrontendConfig(triton_urls=servers.grpc_url, served_model_name=model, stream_full_text=True)
     )

@@ -211,7 +211,7 @@ def test_frontend_metrics_count_requests_and_token_latencies(servers: Servers):
 
 def test_body_limit_and_the_4mb_prompt_limit(servers: Servers):
     url = servers.frontend_url
-    prompt = "a" * (4 * 1024 * 1024 + 1)  # one character over the seeds' limit: 400 naming prompt
+    prompt = "a" * (4 * 1024 * 1024 + 1)  # one character over the APIs' 4 MB limit: 400 naming prompt
     r = httpx.post(url + "/v1/completions", json={**COMPLETION, "prompt": prompt}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     r = httpx.post(url + "/", content=b"x" * (32 * 1024 * 1024 + 1), timeout=60)  # the default body limit

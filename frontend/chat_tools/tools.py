@@ -1,6 +1,6 @@
-"""A chat request's `tools`, `tool_choice` and `parallel_tool_calls` (seeds 001 and 002, OpenAI's
-function calling): checked into a `ToolSpec`, which says what goes to the chat template, which
-grammar enforces a call, and how the reply is read.
+"""A chat request's `tools`, `tool_choice` and `parallel_tool_calls` (OpenAI chat completions and
+Databricks, OpenAI's function calling): checked into a `ToolSpec`, which says what goes to the chat
+template, which grammar enforces a call, and how the reply is read.
 
 - `none` (the default without tools): the tools are not shown to the model; the reply is text.
 - `auto` (the default with tools): the model sees them in its chat template and decides; what it
@@ -22,7 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, fi
 
 from frontend.errors import APIError
 
-MAX_TOOLS = 32  # seed 002: at most 32 functions
+MAX_TOOLS = 32  # Databricks: at most 32 functions
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"  # Hermes' call blocks (parsers.hermes reads them)
 _CONFIG = ConfigDict(extra="forbid", strict=True)
 

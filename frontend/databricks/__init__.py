@@ -1,1 +1,1 @@
-"""Databricks model serving (seed 002)."""
+"""Databricks model serving: `POST /serving-endpoints/{name}/invocations`."""

@@ -1,4 +1,4 @@
-"""Databricks' shapes of the chat and completions tasks (seed 002), as they differ from OpenAI's:
+"""Databricks' shapes of the chat and completions tasks, as they differ from OpenAI's:
 the whole chat response is a "chat.completions" object, a message lists tool_calls only when there
 are some, usage is the three counts alone (no timings after it), and a completion choice is its
 index, text and finish_reason."""

@@ -1,4 +1,4 @@
-"""Databricks model serving (seed 002): `POST /serving-endpoints/{name}/invocations`, where the
+"""Databricks model serving: `POST /serving-endpoints/{name}/invocations`, where the
 endpoint name selects the model and the body's fields the task (`messages`: chat, `prompt`:
 completions, `input`: embeddings, served by frontend.embeddings.routes); and
 `POST /serving-endpoints/chat/completions` | `/serving-endpoints/completions` with `model` naming the

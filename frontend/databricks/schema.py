@@ -1,4 +1,4 @@
-"""Request bodies of Databricks' chat and completions tasks (seed 002):
+"""Request bodies of Databricks' chat and completions tasks (Databricks model serving):
 `POST /serving-endpoints/{name}/invocations`, and `POST /serving-endpoints/chat/completions` |
 `/completions` with `model` naming the endpoint. The chat messages, tools and field validators are
 OpenAI's (frontend.openai_api.schema); the ranges, defaults and rules here are Databricks' own.
@@ -71,13 +71,13 @@ class DatabricksChatRequest(BaseModel):
     tool_choice: ToolChoice | None = None
     tools: list[Tool] | None = None
     parallel_tool_calls: Flag = None
-    response_format: dict[str, Any] | None = None  # seed 002: text, json_object, json_schema
+    response_format: dict[str, Any] | None = None  # Databricks: text, json_object, json_schema
     logprobs: Flag = None
     top_logprobs: Annotated[int | None, number(0, MAX_TOP_LOGPROBS, integer=True)] = None
 
     def to_job(self) -> Job:
         if self.top_logprobs is not None and not self.logprobs:
-            raise bad_request("needs logprobs true", "top_logprobs")  # seed 002's rule
+            raise bad_request("needs logprobs true", "top_logprobs")  # Databricks' rule
         job = Job(
             messages=chat_messages(self.messages),
             tools=tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls),
@@ -86,7 +86,7 @@ class DatabricksChatRequest(BaseModel):
             prompt_param="messages",
         )
         job.n = job.best_of = self.n or 1  # Databricks has no n > 1 temperature rule
-        job.guide = guides.response_format(self.response_format, name_required=True)  # seed 002
+        job.guide = guides.response_format(self.response_format, name_required=True)  # Databricks
         tools_guide(job)
         return job
 

@@ -1,4 +1,4 @@
-"""Embeddings: OpenAI's `POST /v1/embeddings` and Databricks' embeddings task (seed 002).
+"""Embeddings: OpenAI's `POST /v1/embeddings` and Databricks' embeddings task.
 
 Both check the request here and call the Triton `embedding` model, which batches concurrent
 requests into one forward pass. Input lists longer than its max_batch_size are sent as several

@@ -1,12 +1,12 @@
 """Media content parts of the HTTP APIs: their request schema, and the split of a request into what
 preprocessing sees (placeholders) and the media to fetch (`MediaRef`s, in prompt order).
 
-- Chat (OpenAI, Databricks; seed 001): `{"type": "image_url", "image_url": {"url": U}}` or the seed's
+- Chat (OpenAI chat completions, Databricks): `{"type": "image_url", "image_url": {"url": U}}` or the API's
   shorthand `{"type": "image_url", "image_url": U}`, likewise `video_url` and `audio_url`, and
   OpenAI's `{"type": "input_audio", "input_audio": {"data": BASE64, "format": "wav"}}`. In the
   messages for preprocessing each becomes `{"type": kind, kind: "<kind>"}`: chat templates test
   `type == "image"` (Llava) or the `audio` key (Qwen2-Audio). The URL or base64 never goes there.
-- TGI `POST /` (seed 000): `inputs` as a list of `{"type": "text", "text": T}` and the same `*_url`
+- TGI `POST /`: `inputs` as a list of `{"type": "text", "text": T}` and the same `*_url`
   parts; preprocessing gets `[{"type": "text", "text": T} | {"type": kind}]`.
 
 U is a `data:` URL (base64), a local path or `file://` URL (under ALLOWED_LOCAL_MEDIA_PATH) or an
@@ -36,7 +36,7 @@ class TextPart(BaseModel):
 
 
 class NonEmptyTextPart(TextPart):
-    text: Annotated[str, Field(min_length=1)]  # seed 000: "non-empty"
+    text: Annotated[str, Field(min_length=1)]  # TGI's POST /: "non-empty"
 
 
 class MediaURL(BaseModel):
@@ -46,7 +46,7 @@ class MediaURL(BaseModel):
 
 def _url(value: Any) -> Any:
     if isinstance(value, str):
-        return {"url": value}  # the seeds' shorthand: the URL alone
+        return {"url": value}  # the APIs' shorthand: the URL alone
     if not isinstance(value, dict):
         raise ValueError('must be a URL string or an object {"url": "..."}')
     return value

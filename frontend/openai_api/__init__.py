@@ -1,1 +1,1 @@
-"""OpenAI's `/v1/chat/completions` and `/v1/completions` (seeds 001, 004)."""
+"""OpenAI chat completions (`/v1/chat/completions`) and completions (`/v1/completions`)."""

@@ -1,6 +1,6 @@
-"""OpenAI chat completions' JSON (seed 001): a choice's `message` (content, reasoning_content,
-tool_calls as frontend.chat_tools reads the reply), its `logprobs`, the stream's deltas, and seed
-001's timings after `usage`."""
+"""OpenAI chat completions' JSON: a choice's `message` (content, reasoning_content,
+tool_calls as frontend.chat_tools reads the reply), its `logprobs`, the stream's deltas, and the
+timings that API adds after `usage`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""OpenAI completions' JSON (seed 004): a choice's `text` (the prompt too with `echo`, then the
+"""OpenAI completions' JSON: a choice's `text` (the prompt too with `echo`, then the
 `suffix`), its `logprobs` (the prompt's tokens too with `echo`) and vLLM's `stop_reason`, whole or
 as stream chunks."""
 

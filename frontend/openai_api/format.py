@@ -91,7 +91,7 @@ class Format(ABC):
     CHUNK_OBJECT: ClassVar[str]
 
     model: str
-    full_text: bool = False  # cumulative stream text (seed 001's second streaming example)
+    full_text: bool = False  # cumulative stream text (chat completions' second streaming example)
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -191,7 +191,7 @@ class Stream:
             chunk["usage"] = self.format.usage_json(usage(self.jobs, self.gens))
 
     def whole(self, choices: list[list[Generation]]) -> dict[str, Any]:
-        """Beam search streams "fake": one chunk with every finished choice (seed 004)."""
+        """Beam search streams "fake": one chunk with every finished choice (OpenAI completions)."""
         body = self.format.response(self.jobs, choices, self.prompts)
         chunk = self.format.envelope(chunk=True)
         chunk["choices"] = [self.format.as_chunk_choice(choice) for choice in body["choices"]]

@@ -1,5 +1,5 @@
-"""OpenAI-compatible text generation: `POST /v1/chat/completions` (seed 001) and
-`POST /v1/completions` (seed 004). A request walks: the route validates its body (openai_api.schema)
+"""OpenAI-compatible text generation: `POST /v1/chat/completions` and
+`POST /v1/completions`. A request walks: the route validates its body (openai_api.schema)
 into Jobs and picks the response `Format` (chat_format, completion_format); `serve` runs the Jobs
 (openai_api.jobs: each sequence through the engine client, frontend.engine_client) and answers in
 that format, whole or streamed. APIs built on these shapes call `serve` with their own schema and

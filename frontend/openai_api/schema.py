@@ -1,9 +1,9 @@
-"""Request bodies of the OpenAI APIs: `POST /v1/chat/completions` (seed 001) and
-`POST /v1/completions` (seed 004), and the validators and message types other APIs built on them reuse.
+"""Request bodies of the OpenAI APIs: `POST /v1/chat/completions` and
+`POST /v1/completions`, and the validators and message types other APIs built on them reuse.
 
 Every documented field with its type, range and default; JSON types are strict (no "true" strings,
 no 1.5 for an integer, no true for a number); `null` means "not given" for every optional field (the
-seeds' own examples send `"seed": null`, `"n": null` …); unknown fields are rejected, so no
+APIs' own documented examples send `"seed": null`, `"n": null` …); unknown fields are rejected, so no
 parameter is silently ignored. Rules that tie fields together are checked by `to_job`, which turns a
 request into the API-neutral `frontend.engine_client.request.Job` and raises a 400 naming the field.
 """
@@ -26,7 +26,7 @@ from frontend.openai_api import prompt_embeds
 MAX_INT32 = 2**31 - 1
 MAX_UINT64 = 2**64 - 1
 MAX_PROMPT_CHARS = 4 * 1024 * 1024  # "0 KB < characters <= 4 MB"
-MAX_STOP_CHARS = 32 * 1024  # seed 004: a stop string, or all of a list, at most 32768 characters
+MAX_STOP_CHARS = 32 * 1024  # OpenAI completions: a stop string, or all of a list, at most 32768 characters
 MAX_SEQUENCES = 128  # n and best_of: [1, 128]
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
@@ -97,7 +97,7 @@ def number(
 
 
 def _stop(value: Any) -> list[str] | None:
-    """A string or a list of strings (seed 004's limits); a list, or None when empty."""
+    """A string or a list of strings (OpenAI completions' limits); a list, or None when empty."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -136,7 +136,7 @@ TopP = Annotated[float | None, number(1e-6, 1.0, low_open=True)]
 
 
 # ---------------------------------------------------------------------------------------------
-# Chat messages (seed 001).
+# Chat messages (OpenAI chat completions).
 
 
 class FunctionCall(BaseModel):
@@ -197,7 +197,7 @@ class StreamOptions(BaseModel):
 
 
 def _sequences(job: Job, n: int | None, best_of: int | None, use_beam_search: bool, stream: bool) -> None:
-    """n, best_of and beam search (seeds 001/004): best_of >= n; more than one sequence needs
+    """n, best_of and beam search (both OpenAI APIs): best_of >= n; more than one sequence needs
     temperature > 0; streaming needs best_of == n (nothing can be ranked before the end)."""
     job.n = n or 1
     job.beam_search = use_beam_search
@@ -231,7 +231,7 @@ def _max_tokens(job: Job, min_tokens: int | None, param: str) -> None:
 
 def _stream_usage(stream: bool, options: StreamOptions | None) -> bool:
     if options is None:
-        return True  # seeds 001/004: the last chunk carries the usage
+        return True  # both OpenAI APIs: the last chunk carries the usage
     if not stream:
         raise bad_request("only allowed when stream is true", "stream_options")
     return options.include_usage is not False
@@ -262,7 +262,7 @@ def _top_k(value: int | None) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# POST /v1/chat/completions (seed 001)
+# POST /v1/chat/completions (OpenAI chat completions)
 
 
 class ChatCompletionRequest(BaseModel):
@@ -277,7 +277,7 @@ class ChatCompletionRequest(BaseModel):
     repetition_penalty: Annotated[float | None, number(0.0, 2.0, low_open=True)] = None
     temperature: Annotated[float | None, number(0.0, 2.0)] = None
     top_p: TopP = None
-    # Documented as (0, 2147483647]; the seed's own example sends 0, so 0 and -1 mean "no limit".
+    # Documented as (0, 2147483647]; the API's own example sends 0, so 0 and -1 mean "no limit".
     top_k: Annotated[int | None, number(0, MAX_INT32, integer=True, also=(-1,))] = None
     seed: Seed = None
     stop: Stop = None
@@ -358,7 +358,7 @@ def _chat_logprobs(job: Job, logprobs: bool | None, top_logprobs: int | None) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# POST /v1/completions (seed 004)
+# POST /v1/completions (OpenAI completions)
 
 
 class CompletionRequest(BaseModel):

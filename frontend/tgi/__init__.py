@@ -1,1 +1,1 @@
-"""TGI's `POST /` (seed 000)."""
+"""TGI's `POST /` (text generation)."""

@@ -1,4 +1,4 @@
-"""TGI-compatible text generation, `POST /` (seed 000): JSON in, one JSON list or an SSE stream out.
+"""TGI-compatible text generation, `POST /`: JSON in, one JSON list or an SSE stream out.
 
 The route validates (tgi_schema), turns the parameters into ensemble inputs (`plan`), and shapes the
 ensemble's steps into TGI's JSON; errors are raised, and rendered by frontend.errors.
@@ -44,7 +44,7 @@ FINISH_REASONS = {
     "length": "length",
     "cancelled": "stop_sequence",
 }
-# A random seed the frontend picks when sampling without one; 32 bits, like the seeds in seed 000's
+# A random seed the frontend picks when sampling without one; 32 bits, like the seeds in TGI's `POST /`
 # examples, so JavaScript clients can send it back exactly.
 _SEED_RANGE = 2**32 - 1
 

@@ -1,4 +1,4 @@
-"""The body of the TGI-compatible `POST /` (seed 000): every documented field with its type, range
+"""The body of the TGI-compatible `POST /`: every documented field with its type, range
 and default. Types are strict JSON types (no "true" strings, no 1.5 for an integer, no true for a
 number), unknown fields are rejected, and each error names the field and what it allows.
 

@@ -1,4 +1,5 @@
-"""Limits on media input, defaults from seeds 000/001, each overridable by an environment setting."""
+"""Limits on media input, defaults from TGI's POST / and OpenAI chat completions, each overridable
+by an environment setting."""
 
 from __future__ import annotations
 
@@ -26,11 +27,11 @@ class MediaLimits:
     """Each field is read from the environment variable of its upper-cased name prefixed `MEDIA_`
     (e.g. MEDIA_MAX_ITEMS)."""
 
-    max_items: int = 20  # image_url + video_url + audio_url per request (seed 000)
-    max_image_bytes: int = 20 * MB  # seed 000 (TGI's POST /)
+    max_items: int = 20  # image_url + video_url + audio_url per request (TGI's POST /)
+    max_image_bytes: int = 20 * MB  # TGI's POST /
     max_video_bytes: int = 512 * MB
     max_audio_bytes: int = 20 * MB
-    # The chat APIs (seed 001: OpenAI, and Databricks' chat) allow 40 MB. Unset, they follow
+    # The chat APIs (OpenAI chat completions, and Databricks' chat) allow 40 MB. Unset, they follow
     # MEDIA_MAX_IMAGE_BYTES / MEDIA_MAX_AUDIO_BYTES when those are set, so one setting lowers both.
     max_chat_image_bytes: int = 40 * MB
     max_chat_audio_bytes: int = 40 * MB
@@ -67,7 +68,7 @@ class MediaLimits:
         return max(1, min(frames, self.max_video_frames))
 
     def max_bytes(self, kind: str, chat: bool = False) -> int:
-        """Bytes allowed per item of `kind`; `chat`: on the chat APIs (seed 001's larger limits)."""
+        """Bytes allowed per item of `kind`; `chat`: on the chat APIs (OpenAI's larger limits)."""
         if chat and hasattr(self, f"max_chat_{kind}_bytes"):
             return getattr(self, f"max_chat_{kind}_bytes")
         return getattr(self, f"max_{kind}_bytes")

@@ -2,7 +2,7 @@
 
 `model_repository/*/config.pbtxt` is generated from these tables (`python -m tritonlm.serving.pbtxt`) and a
 unit test checks that the committed files still match. The engine tensors follow TensorRT-LLM's
-inference request/response (seed 003) by name, type and shape; extras the JSON APIs need are marked.
+inference request/response tensors by name, type and shape; extras the JSON APIs need are marked.
 
 Sampling semantics of the engine (TensorRT-LLM's): `runtime_top_k` 0 means no top-k limit,
 `runtime_top_p` 0 means no top-p limit, and both 0 (the defaults) or `temperature` 0 mean greedy.
