@@ -109,7 +109,7 @@ def test_check_text_only_count_and_kinds():
     check(refs_of(*["image"] * 20), ("image", "video"), 20, "messages")
 
 
-def test_chat_byte_limits_follow_seed_001_and_the_settings():
+def test_chat_byte_limits_follow_openai_chat_and_the_settings():
     mb = 1024 * 1024
     limits = MediaLimits()
     assert (limits.max_bytes("image"), limits.max_bytes("image", chat=True)) == (20 * mb, 40 * mb)
@@ -278,7 +278,7 @@ def test_tgi_list_inputs_fill_prompt_parts_and_media(jobs):
     assert r.json()[0]["generated_text"] == "My name isHello, world"  # the text parts, then the reply
 
 
-def test_chat_api_allows_seed_001s_larger_image(jobs):
+def test_chat_api_allows_openai_chats_larger_image(jobs):
     big = {"type": "image_url", "image_url": data_url(b"x" * 40)}
     c = client(max_image_bytes=30, max_chat_image_bytes=60)
     r = c.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": [big]}]})

@@ -434,13 +434,13 @@ def test_disconnected_clients_leave_no_request_in_the_engine(servers, model):
 # ---------------------------------------------------------------------------------------------
 # Seed examples, verbatim but for `model`.
 
-SEEDS = json.loads((Path(__file__).parent / "data" / "seed_requests.json").read_text())
-SEED_001_SINGLE = SEEDS["seed_001"]["chat_single_turn"]
-SEED_001_MULTIMODAL = SEEDS["seed_001"]["chat_multimodal"]
-SEED_001_FIRST_TURN = SEEDS["seed_001"]["chat_first_turn"]
-SEED_001_SECOND_TURN = SEEDS["seed_001"]["chat_second_turn"]
-SEED_004_STREAM = SEEDS["seed_004"]["completions_stream"]
-SEED_004_TEXT = SEEDS["seed_004"]["completions_text"]
+EXAMPLES = json.loads((Path(__file__).parent / "data" / "openai_request_examples.json").read_text())
+CHAT_SINGLE = EXAMPLES["chat_completions"]["chat_single_turn"]
+CHAT_MULTIMODAL = EXAMPLES["chat_completions"]["chat_multimodal"]
+CHAT_FIRST_TURN = EXAMPLES["chat_completions"]["chat_first_turn"]
+CHAT_SECOND_TURN = EXAMPLES["chat_completions"]["chat_second_turn"]
+COMPLETIONS_STREAM = EXAMPLES["completions"]["completions_stream"]
+COMPLETIONS_TEXT = EXAMPLES["completions"]["completions_text"]
 
 USAGE_KEYS = {
     "prompt_tokens",
@@ -466,8 +466,8 @@ def _check_usage(usage: dict, completion_tokens: int | None = None, steps: int |
         assert usage["completion_tokens"] == completion_tokens
 
 
-@pytest.mark.parametrize("example", [SEED_001_SINGLE, SEED_001_FIRST_TURN, SEED_001_SECOND_TURN])
-def test_seed_001_examples(servers, model, example):
+@pytest.mark.parametrize("example", [CHAT_SINGLE, CHAT_FIRST_TURN, CHAT_SECOND_TURN])
+def test_chat_examples(servers, model, example):
     r = post(servers, "/v1/chat/completions", {**example, "model": model})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -493,15 +493,15 @@ def test_seed_001_examples(servers, model, example):
     assert len(body["decode_time_arr"]) == body["usage"]["completion_tokens"] - 1
 
 
-def test_seed_001_multimodal_example_is_refused_by_a_text_model(servers, model):
-    r = post(servers, "/v1/chat/completions", {**SEED_001_MULTIMODAL, "model": model})
+def test_chat_multimodal_example_is_refused_by_a_text_model(servers, model):
+    r = post(servers, "/v1/chat/completions", {**CHAT_MULTIMODAL, "model": model})
     assert r.status_code == 400
     error = r.json()["error"]
     assert "text-only" in error["message"] and error["param"].startswith("messages[0].content")
 
 
-def test_seed_001_stream_shapes(servers, model):
-    events = sse(servers, "/v1/chat/completions", {**SEED_001_SINGLE, "model": model, "stream": True})
+def test_chat_stream_shapes(servers, model):
+    events = sse(servers, "/v1/chat/completions", {**CHAT_SINGLE, "model": model, "stream": True})
     for event in events:
         assert event["object"] == "chat.completion.chunk" and event["id"] == events[0]["id"]
         [choice] = event["choices"]
@@ -529,8 +529,8 @@ def test_full_text_stream_mode(servers, model):
     assert "full_text" not in events[0] or len(events) == 1
 
 
-def test_seed_004_text_example(servers, model):
-    r = post(servers, "/v1/completions", {**SEED_004_TEXT, "model": model})
+def test_completions_text_example(servers, model):
+    r = post(servers, "/v1/completions", {**COMPLETIONS_TEXT, "model": model})
     assert r.status_code == 200, r.text
     body = r.json()
     assert set(body) == {"id", "object", "created", "model", "choices", "usage"}
@@ -546,9 +546,9 @@ def test_seed_004_text_example(servers, model):
     _check_usage(body["usage"], completion_tokens=10)
 
 
-def test_seed_004_beam_search_stream_example(servers, model):
+def test_completions_beam_search_stream_example(servers, model):
     """Beam search streams "fake": one chunk with every beam, and the usage."""
-    events = sse(servers, "/v1/completions", {**SEED_004_STREAM, "model": model})
+    events = sse(servers, "/v1/completions", {**COMPLETIONS_STREAM, "model": model})
     [chunk] = events
     assert chunk["object"] == "text_completion" and [c["index"] for c in chunk["choices"]] == [0, 1]
     for choice in chunk["choices"]:

@@ -149,7 +149,7 @@ def test_http_client_disconnect_frees_its_slot(servers):
     _wait_until_idle(servers)
 
 
-def test_seed_000_example_returns_the_documented_shape(servers):
+def test_tgi_example_returns_the_documented_shape(servers):
     body = {
         "inputs": "My name is Olivier and I",
         "parameters": {
