@@ -39,7 +39,7 @@ RUN pip install --no-cache-dir --no-deps -e . \
 # TRITON_REPLICAS=1: one tritonserver per container; on Kubernetes, pods are the replicas.
 RUN useradd --uid 1000 --create-home tritonlm 2>/dev/null || true; \
     mkdir -p /opt/tritonlm/.triton /models && chown -R 1000:1000 /opt/tritonlm/.triton /models
-ENV TRITON_REPLICAS=1 HOME=/tmp
+ENV TRITON_REPLICAS=1 HOME=/tmp MODEL=tiny
 USER 1000
 VOLUME /models
 
