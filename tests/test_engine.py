@@ -101,7 +101,7 @@ def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(model
     small = ModelRunner(
         EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=96, kv_cache_blocks=6)
     )
-    small.cache.workspace = None  # decode attention over gathered blocks (the GPU path) here
+    small.attention.workspace = None  # decode attention over gathered blocks (the GPU path) here
     seqs = [sequence(p, 20, SamplingParams()) for p in prompts]
     engine = run_all(small, seqs)
     assert engine.stats()["preemptions"] > 0

@@ -28,12 +28,12 @@ def hf_model(model_dir):
 @pytest.fixture(params=["workspace", "gather"])
 def attention_path(request, runner):
     """Runs a test with the CPU decode workspace, then with the gathered-blocks path (the GPU's)."""
-    workspace = runner.cache.workspace
+    workspace = runner.attention.workspace
     runner.reset()
     if request.param == "gather":
-        runner.cache.workspace = None
+        runner.attention.workspace = None
     yield request.param
-    runner.cache.workspace = workspace
+    runner.attention.workspace = workspace
     runner.reset()
 
 
