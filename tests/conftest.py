@@ -150,3 +150,14 @@ def multimodal_servers(multimodal_checkpoints, multimodal_media) -> Iterator:
             return started[kind]
 
         yield get
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """`attention_backend`: each attention backend available on this machine's default device, so
+    the parity tests that take it run on every one (loaded only where a test asks)."""
+    if "attention_backend" in metafunc.fixturenames:
+        from tritonlm.config import EngineConfig
+        from tritonlm.worker import attention
+
+        names = attention.available_backends(EngineConfig().torch_device())
+        metafunc.parametrize("attention_backend", names, scope="module")

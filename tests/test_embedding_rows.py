@@ -30,8 +30,16 @@ def table(hf_model) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def runner(model_dir) -> ModelRunner:
-    return ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=6, max_seq_len=128))
+def runner(attention_backend, model_dir) -> ModelRunner:
+    return ModelRunner(
+        EngineConfig(
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=6,
+            max_seq_len=128,
+        )
+    )
 
 
 def with_rows(
@@ -96,8 +104,16 @@ def test_rows_equal_to_token_embeddings_give_the_same_logits_and_output(runner, 
     torch.testing.assert_close(generated, torch.stack(plain.out.generation_logits), atol=1e-4, rtol=0)
 
 
-def test_same_rows_share_prefix_blocks_and_other_rows_do_not(model_dir, hf_model, table):
-    runner = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=128))
+def test_same_rows_share_prefix_blocks_and_other_rows_do_not(attention_backend, model_dir, hf_model, table):
+    runner = ModelRunner(
+        EngineConfig(
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=4,
+            max_seq_len=128,
+        )
+    )
     engine = Engine(runner, lambda seq, n: None)
     system = random_tokens(40, 2)  # two full 16-token blocks, then part of a third
     positions = [5, 6, 7, 8, 20]  # rows in both full blocks
@@ -122,10 +138,15 @@ def test_same_rows_share_prefix_blocks_and_other_rows_do_not(model_dir, hf_model
     assert bare.output_ids == generate(hf_model, list(bare.prompt_ids), 12)
 
 
-def test_chunked_prefill_across_embedding_positions(model_dir, hf_model, table):
+def test_chunked_prefill_across_embedding_positions(attention_backend, model_dir, hf_model, table):
     runner = ModelRunner(
         EngineConfig(
-            str(model_dir), dtype="float32", max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=4,
+            max_num_batched_tokens=8,
+            max_seq_len=96,
         )
     )
     prompt = random_tokens(30, 4)
@@ -142,10 +163,17 @@ def test_chunked_prefill_across_embedding_positions(model_dir, hf_model, table):
     assert again.out.cached_tokens == 16 and again.output_ids == generate(hf_model, short, 12)
 
 
-def test_preemption_recomputes_embedding_rows(model_dir, hf_model, table):
+def test_preemption_recomputes_embedding_rows(attention_backend, model_dir, hf_model, table):
     # 6 blocks of 16 tokens: room for about two of the eight sequences at a time.
     small = ModelRunner(
-        EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=96, kv_cache_blocks=6)
+        EngineConfig(
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=8,
+            max_seq_len=96,
+            kv_cache_blocks=6,
+        )
     )
     gen = torch.Generator().manual_seed(5)
     lengths = torch.randint(10, 50, (8,), generator=gen).tolist()

@@ -42,8 +42,16 @@ def test_config_pbtxt_matches_the_contract():
 
 
 @pytest.fixture(scope="module")
-def runner(model_dir) -> ModelRunner:
-    return ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=6, max_seq_len=256))
+def runner(attention_backend, model_dir) -> ModelRunner:
+    return ModelRunner(
+        EngineConfig(
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=6,
+            max_seq_len=256,
+        )
+    )
 
 
 def run_all(
@@ -104,13 +112,22 @@ def test_batched_greedy_equals_transformers_generate(runner, greedy_refs):
         assert [t.batch_size for t in seq.out.timings] and len(seq.out.timings) == 20
 
 
-def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(model_dir, greedy_refs):
+def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(
+    attention_backend, model_dir, greedy_refs
+):
     prompts, refs = greedy_refs
     # 6 blocks of 16 tokens: room for about two of the ten sequences at a time.
     small = ModelRunner(
-        EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=96, kv_cache_blocks=6)
+        EngineConfig(
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=8,
+            max_seq_len=96,
+            kv_cache_blocks=6,
+        )
     )
-    small.cache.workspace = None  # decode attention over gathered blocks (the GPU path) here
+    small.attention.workspace = None  # decode attention over gathered blocks (the GPU path) here
     engine, seqs = run_all(small, [request(p, 20, SamplingParams()) for p in prompts])
     assert engine.stats()["preemptions"] > 0
     assert any(s.num_preemptions for s in seqs)
@@ -118,8 +135,16 @@ def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(model
     assert all(s.out.finish_reason == "length" for s in seqs)
 
 
-def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir, monkeypatch):
-    runner = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=64))
+def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(attention_backend, model_dir, monkeypatch):
+    runner = ModelRunner(
+        EngineConfig(
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=4,
+            max_seq_len=64,
+        )
+    )
     real = runner.execute
     calls = []
 
@@ -137,11 +162,16 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(model_dir, mon
     assert ok.out.finish_reason == "length" and len(ok.output_ids) == 10
 
 
-def test_chunked_prefill_gives_the_same_outputs(model_dir, greedy_refs):
+def test_chunked_prefill_gives_the_same_outputs(attention_backend, model_dir, greedy_refs):
     prompts, refs = greedy_refs
     chunked = ModelRunner(
         EngineConfig(
-            str(model_dir), dtype="float32", max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=4,
+            max_num_batched_tokens=8,
+            max_seq_len=96,
         )
     )
     engine, seqs = run_all(chunked, [request(p, 20, SamplingParams()) for p in prompts])
@@ -150,10 +180,18 @@ def test_chunked_prefill_gives_the_same_outputs(model_dir, greedy_refs):
     assert engine.stats()["steps"] > 20 + sum(len(p) for p in prompts) // 8
 
 
-def test_a_shared_prefix_is_computed_once_and_outputs_stay_the_same(model_dir, hf_model):
+def test_a_shared_prefix_is_computed_once_and_outputs_stay_the_same(attention_backend, model_dir, hf_model):
     gen = torch.Generator().manual_seed(1)
     system = torch.randint(5, 4000, (100,), generator=gen).tolist()
-    cached = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=256))
+    cached = ModelRunner(
+        EngineConfig(
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=4,
+            max_seq_len=256,
+        )
+    )
     engine, (first,) = run_all(cached, [request(system + [11, 12, 13], 12, SamplingParams())])
     (second,) = run_all_on(engine, [request(system + [21, 22], 12, SamplingParams())])
     assert first.out.cached_tokens == 0
@@ -162,7 +200,12 @@ def test_a_shared_prefix_is_computed_once_and_outputs_stay_the_same(model_dir, h
     assert second.output_ids == generate(hf_model, second.prompt_ids, 12)
     uncached = ModelRunner(
         EngineConfig(
-            str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=256, enable_prefix_caching=False
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=4,
+            max_seq_len=256,
+            enable_prefix_caching=False,
         )
     )
     _, (again,) = run_all(uncached, [request(list(second.prompt_ids), 12, SamplingParams())])
@@ -192,10 +235,15 @@ def run_all_on(engine: Engine, requests: list[Request]) -> list[Sequence]:
     return seqs
 
 
-def test_prompt_and_generation_logits_hooks(model_dir, hf_model):
+def test_prompt_and_generation_logits_hooks(attention_backend, model_dir, hf_model):
     runner = ModelRunner(
         EngineConfig(
-            str(model_dir), dtype="float32", max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=4,
+            max_num_batched_tokens=8,
+            max_seq_len=96,
         )
     )
     prompt = list(range(30, 60))
@@ -243,9 +291,16 @@ def test_prompt_log_probs_are_the_samplers_chunk_by_chunk(model_dir):
     assert tensors["context_logits"].shape == (1, 20, runner.vocab_size)
 
 
-def test_fork_copies_a_shared_partial_block_before_writing(model_dir, hf_model):
+def test_fork_copies_a_shared_partial_block_before_writing(attention_backend, model_dir, hf_model):
     runner = ModelRunner(
-        EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=96, block_size=4)
+        EngineConfig(
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=4,
+            max_seq_len=96,
+            block_size=4,
+        )
     )
     engine = Engine(runner, lambda seq, n: None)
     parent = engine.add(request([5, 6, 7, 8, 9, 10], 8, SamplingParams()))  # 1.5 blocks
@@ -345,9 +400,16 @@ def test_cancelled_sequence_leaves_within_a_step(runner):
     assert engine.stats()["kv_blocks_used"] == 0 and not engine.scheduler.has_work()
 
 
-def test_a_full_waiting_queue_refuses_requests(model_dir):
+def test_a_full_waiting_queue_refuses_requests(attention_backend, model_dir):
     runner = ModelRunner(
-        EngineConfig(str(model_dir), dtype="float32", max_num_seqs=2, max_seq_len=64, max_queue_size=2)
+        EngineConfig(
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=2,
+            max_seq_len=64,
+            max_queue_size=2,
+        )
     )
     engine = Engine(runner, lambda seq, n: None)
     assert all(engine.add(request([1, 2], 4, SamplingParams())) for _ in range(4))

@@ -51,7 +51,7 @@ def test_engine_greedy_equal_with_and_without_fusion(model_dir):
                 str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=128, fuse_projections=fuse
             )
         )
-        assert runner.cache.fold_gqa is fuse
+        assert runner.attention.fold_gqa is fuse
         assert isinstance(runner.model.model.layers[0].mlp.up_proj, nn.Linear) is not fuse
         _, seqs = run_all(runner, [request(p, 12, SamplingParams()) for p in prompts], stagger=True)
         outputs.append([s.output_ids for s in seqs])

@@ -34,8 +34,16 @@ def adapters(model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runner(model_dir) -> ModelRunner:
-    return ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=8, max_seq_len=256))
+def runner(attention_backend, model_dir) -> ModelRunner:
+    return ModelRunner(
+        EngineConfig(
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=8,
+            max_seq_len=256,
+        )
+    )
 
 
 def test_peft_to_tensors_follows_tensorrt_llms_layout(adapters):

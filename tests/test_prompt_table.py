@@ -34,8 +34,16 @@ def hf_model(model_dir):
 
 
 @pytest.fixture(scope="module")
-def runner(model_dir) -> ModelRunner:
-    return ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=4, max_seq_len=128))
+def runner(attention_backend, model_dir) -> ModelRunner:
+    return ModelRunner(
+        EngineConfig(
+            str(model_dir),
+            attention_backend=attention_backend,
+            dtype="float32",
+            max_num_seqs=4,
+            max_seq_len=128,
+        )
+    )
 
 
 def make_table(rows: int, seed: int) -> np.ndarray:

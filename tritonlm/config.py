@@ -132,6 +132,14 @@ class EngineConfig:
         "results within rounding of the unfused ones); `false`: the model's modules as loaded",
     )
 
+    attention_backend: str = _setting(
+        "auto",
+        "`auto`",
+        "what computes attention over the paged KV cache (`tritonlm/worker/attention/`): `sdpa`, torch's "
+        "scaled_dot_product_attention (on CPU with each decoding sequence's keys/values kept contiguous); "
+        "`auto`: the best available on the device, today `sdpa`",
+    )
+
     lora_modules: str = _setting(
         "",
         "none",
@@ -251,6 +259,13 @@ class EngineConfig:
 
         need(bool(_DEVICE.match(self.device)), "device", "auto, cpu, cuda or cuda:N")
         need(self.dtype in DTYPES, "dtype", f"one of {', '.join(DTYPES)}")
+        from tritonlm.worker.attention import registry  # import-free: the backends' names
+
+        need(
+            self.attention_backend in registry.NAMES,
+            "attention_backend",
+            f"one of {', '.join(registry.NAMES)}",
+        )
         need(self.max_seq_len == 0 or self.max_seq_len >= 2, "max_seq_len", "0 (from the checkpoint) or >= 2")
         for name in ("max_num_seqs", "block_size"):
             need(getattr(self, name) >= 1, name, ">= 1")

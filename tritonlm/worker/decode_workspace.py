@@ -16,12 +16,10 @@ fell behind its sequence (which went on without it) is dropped and filled again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:
-    from tritonlm.worker.kv_cache import PagedKVCache
+from tritonlm.worker.attention.base import slots
+from tritonlm.worker.kv_cache import PagedKVCache
 
 
 class DecodeWorkspace:
@@ -54,7 +52,7 @@ class DecodeWorkspace:
     ) -> tuple[list[int], list[tuple[int, torch.Tensor]]] | None:
         """Makes `seqs` (each about to feed `num_new[i]` tokens from position `num_computed`) rows
         `[0, len)`. Returns the order of `seqs` by row and the rows to fill from the pool during the
-        forward (`StepLayout.workspace_fills`), or None to use the gather path (too much memory)."""
+        forward (`SdpaMetadata.workspace_fills`), or None to use the gather path (too much memory)."""
         wanted = {id(s) for s in seqs}
         for r, s in enumerate(self.rows):
             if s is None:
@@ -90,11 +88,7 @@ class DecodeWorkspace:
             r = next(free)
             n = s.num_computed
             if n:
-                table = torch.tensor(s.block_table, dtype=torch.long)
-                pos = torch.arange(n)
-                fills.append(
-                    (r, (table[pos // block_size] * block_size + pos % block_size).to(self.cache.device))
-                )
+                fills.append((r, slots(s.block_table, 0, n, block_size).to(self.cache.device)))
             self.rows[r] = s
         row_of = {id(s): r for r, s in enumerate(self.rows) if s is not None}
         order = sorted(range(batch), key=lambda i: row_of[id(seqs[i])])
@@ -104,10 +98,10 @@ class DecodeWorkspace:
 
     def fill(self, layer: int, fills: list[tuple[int, torch.Tensor]]) -> None:
         k_pool, v_pool = self.cache.keys[layer], self.cache.values[layer]
-        for row, slots in fills:
-            n = slots.shape[0]
-            self.keys[layer][row, :, :n] = k_pool[slots].transpose(0, 1)
-            self.values[layer][row, :, :n] = v_pool[slots].transpose(0, 1)
+        for row, row_slots in fills:
+            n = row_slots.shape[0]
+            self.keys[layer][row, :, :n] = k_pool[row_slots].transpose(0, 1)
+            self.values[layer][row, :, :n] = v_pool[row_slots].transpose(0, 1)
 
     def _grow(self, capacity: int) -> None:
         for layer, pool in self.cache.keys.items():

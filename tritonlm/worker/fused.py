@@ -10,8 +10,9 @@ and each call costs about as much in fixed overhead as in arithmetic. Here, once
 - every such group, each other projection (o_proj, down_proj) and the LM head run on oneDNN with
   their weights pre-packed into its blocked layout (`mkldnn._linear_pointwise`, what inductor's
   freezing uses): 1.2x (bf16) to 1.5x (fp32) faster than `F.linear` at 32 rows on this CPU;
-- the batched decode attention folds grouped-query heads into the query length (`PagedKVCache.
-  fold_gqa`), which avoids SDPA's slow GQA path on CPU (5x in bf16 at one query per sequence).
+- the batched decode attention folds grouped-query heads into the query length (the runner tells
+  its attention backend, `AttentionBackend.on_fused_projections`; the SDPA backend's `fold_gqa`),
+  which avoids SDPA's slow GQA path on CPU (5x in bf16 at one query per sequence).
 
 Results: the projections are bitwise equal to `F.linear` in bf16 (both oneDNN) and differ from
 MKL's sgemm in fp32 by summation order (a few 1e-6 per projection; fp32 greedy tokens unchanged);
@@ -29,8 +30,6 @@ import re
 
 import torch
 from torch import nn
-
-from tritonlm.worker.kv_cache import PagedKVCache
 
 _LAYER = re.compile(r"(?:^|\.)layers\.\d+\.(self_attn|mlp)$")
 GROUPS = {
@@ -126,10 +125,10 @@ class GroupMember(nn.Module):
         return self.group.slice(self.member, x)
 
 
-def fuse(model: nn.Module, cache: PagedKVCache | None = None) -> int:
+def fuse(model: nn.Module) -> int:
     """Replaces the decoder layers' projections and the LM head of `model` (on CPU, float32 or
-    bfloat16) as above, and lets `cache` fold GQA; returns how many attention and MLP blocks it
-    fused (0: the model is left as it was). Tests run it on transformers' own model to compare the
+    bfloat16) as above; returns how many attention and MLP blocks it fused (0: the model is left as
+    it was). Tests run it on transformers' own model to compare the
     engine's logits with those of the same projections."""
     if not _packs(model.dtype) or model.device.type != "cpu":
         return 0
@@ -152,6 +151,4 @@ def fuse(model: nn.Module, cache: PagedKVCache | None = None) -> int:
     head = model.get_output_embeddings()
     if fused and type(head) is nn.Linear:
         model.set_output_embeddings(PackedLinear(head, keep_weight=True))
-    if cache is not None:
-        cache.fold_gqa = bool(fused)
     return fused

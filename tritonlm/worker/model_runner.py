@@ -1,5 +1,8 @@
 """Loads a transformers causal LM, sizes the paged KV cache, and runs one packed forward step.
 
+Attention goes through the backend the `attention_backend` setting picks (`worker/attention`): it
+owns the KV cache and builds each step's attention metadata once, before the forward.
+
 A step feeds each sequence's new tokens (`step_inputs` packs them: a decoding sequence feeds its
 pending token and any proposals, a prefilling one a chunk of its prompt) and returns, per sequence,
 the logits of its last few new tokens (one to sample from; 1 + proposals to verify them) and, for
@@ -18,9 +21,8 @@ from tritonlm.config import EngineConfig
 from tritonlm.engine.scheduler import SchedulerOutput
 from tritonlm.lora.layers import LoraLayers
 from tritonlm.multimodal.encoder import language_model_class
-from tritonlm.worker import fused, kv_cache, step_inputs
-from tritonlm.worker.decode_workspace import DecodeWorkspace
-from tritonlm.worker.kv_cache import PagedKVCache, ShapeProbe
+from tritonlm.worker import attention, fused, step_inputs
+from tritonlm.worker.attention.base import LayerShape
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +58,19 @@ class ModelRunner:
         checkpoint = AutoConfig.from_pretrained(config.model_dir)
         self.device = config.torch_device()
         self.dtype = config.torch_dtype(self.device, getattr(checkpoint, "dtype", None))
-        self.cache = PagedKVCache(config.block_size, self.dtype, self.device)
+        backend = attention.choose(config.attention_backend, self.device)
+        self.attention = backend(config.block_size, self.dtype, self.device)
         self.model = (
             language_model_class(checkpoint)
             .from_pretrained(
-                config.model_dir, dtype=self.dtype, attn_implementation=kv_cache.register(self.cache)
+                config.model_dir, dtype=self.dtype, attn_implementation=self.attention.register()
             )
             .to(self.device)
         )
         self.model.eval()
-        if config.fuse_projections:  # before the LoRA hooks go on the projections that replace them
-            fused.fuse(self.model, self.cache)
+        # Before the LoRA hooks go on the projections that replace them.
+        if config.fuse_projections and fused.fuse(self.model):
+            self.attention.on_fused_projections()
         self.lora = LoraLayers(self.model)  # adapters' hooks, installed when one first runs
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self.hidden_size = self.model.get_input_embeddings().weight.shape[1]
@@ -77,38 +81,31 @@ class ModelRunner:
         else:
             free = available_cpu_memory()
         # The resolved settings: max_seq_len and kv_cache_blocks are now concrete numbers.
-        self.config = config.kv_cache_size(self.cache.bytes_per_block(shapes), self.device.type, free)
-        self.cache.allocate(self.config.kv_cache_blocks, shapes)
-        if self.device.type == "cpu":  # see DecodeWorkspace; on a GPU gathering the blocks is cheap
-            self.cache.workspace = DecodeWorkspace(
-                self.cache,
-                self.config.max_num_seqs,
-                self.config.max_seq_len,
-                max(self.cache.memory_bytes() // 2, 256 << 20),
-            )
+        self.config = config.kv_cache_size(self.attention.bytes_per_block(shapes), self.device.type, free)
+        self.attention.allocate(
+            self.config.kv_cache_blocks, shapes, self.config.max_num_seqs, self.config.max_seq_len
+        )
         log.info(
-            "engine settings: %s (device %s, dtype %s, KV cache %.1f MiB)",
+            "engine settings: %s (device %s, dtype %s, attention %s, KV cache %.1f MiB)",
             self.config.describe(),
             self.device,
             self.dtype,
-            self.cache.memory_bytes() / 2**20,
+            self.attention.name,
+            self.attention.memory_bytes() / 2**20,
         )
 
     @torch.inference_mode()
-    def _probe_shapes(self) -> dict[int, tuple[int, int, torch.dtype]]:
+    def _probe_shapes(self) -> dict[int, LayerShape]:
         """Runs two tokens through the model to learn each layer's KV heads and head size."""
-        self.cache.probe = ShapeProbe()
-        try:
-            ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
-            self.model(input_ids=ids, position_ids=torch.arange(2, device=self.device)[None], use_cache=False)
-            return self.cache.probe.layers
-        finally:
-            self.cache.probe = None
+        ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+        positions = torch.arange(2, device=self.device)[None]
+        return self.attention.probe_shapes(
+            lambda: self.model(input_ids=ids, position_ids=positions, use_cache=False)
+        )
 
     def reset(self) -> None:
         """Forgets per-step state kept across steps (after a failed step)."""
-        if self.cache.workspace is not None:
-            self.cache.workspace.reset()
+        self.attention.reset()
 
     @torch.inference_mode()
     def execute(self, work: SchedulerOutput) -> ModelOutput:
@@ -118,30 +115,27 @@ class ModelRunner:
         tokens of each sequence, plus all logits of the new tokens of each with `prompt_logits[i]`."""
         seqs, num_new = work.seqs, work.num_new
         if work.copies:
-            self.cache.copy_blocks(work.copies)
-        step = step_inputs.build(seqs, num_new, self.cache)
+            self.attention.copy_blocks(work.copies)
+        step = step_inputs.build(seqs, num_new, self.attention)
+        metadata = self.attention.build_metadata(step.packed)  # once; every layer reads it
         keep, spans, all_rows = _logits_rows(step.order, num_new, work.num_logits, work.prompt_logits)
 
-        self.cache.layout = step.layout
         # Which packed rows use which LoRA adapter (the hooks add them inside the forward).
         lora = self.lora.step(
             [seqs[i].request.lora for i in step.order], [num_new[i] for i in step.order], self.device
         )
-        try:
-            ids = step.input_ids.to(self.device)[None]
-            if step.embed_at:
-                inputs = {"inputs_embeds": self._embed(ids, step.embed_at, step.embed_rows)}
-            else:  # the usual case: no embedding rows, the model looks the ids up itself
-                inputs = {"input_ids": ids}
-            with lora:
-                out = self.model(
-                    **inputs,
-                    position_ids=step.position_ids.to(self.device)[None],
-                    use_cache=False,
-                    logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
-                )
-        finally:
-            self.cache.layout = None
+        ids = step.input_ids.to(self.device)[None]
+        if step.embed_at:
+            inputs = {"inputs_embeds": self._embed(ids, step.embed_at, step.embed_rows)}
+        else:  # the usual case: no embedding rows, the model looks the ids up itself
+            inputs = {"input_ids": ids}
+        with lora, self.attention.step(metadata):
+            out = self.model(
+                **inputs,
+                position_ids=step.position_ids.to(self.device)[None],
+                use_cache=False,
+                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
+            )
         logits = out.logits[0]
         if logits.shape[0] != len(keep):  # a model that ignores logits_to_keep (e.g. Qwen2Audio)
             logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]

@@ -1,0 +1,41 @@
+"""Attention backends: which one computes attention over the paged KV cache (`attention_backend`).
+
+Each backend (an `AttentionBackend`, see `base.py`) owns its KV layout and step metadata.
+`registry.py` names them, best first; `auto` takes the first one available on the device. The
+backends load when asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from tritonlm.worker.attention.base import AttentionBackend
+
+from tritonlm.worker.attention.registry import AUTO, BACKENDS, NAMES
+
+
+def backend_class(name: str) -> type[AttentionBackend]:
+    module, _, cls = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def available_backends(device: torch.device) -> list[str]:
+    """The backends that run on `device`, best first."""
+    return [name for name in BACKENDS if backend_class(name).available(device)]
+
+
+def choose(name: str, device: torch.device) -> type[AttentionBackend]:
+    """The backend the setting `attention_backend` = `name` picks on `device`."""
+    available = available_backends(device)
+    if name == AUTO and available:
+        return backend_class(available[0])
+    if name not in available:
+        why = "unknown" if name not in NAMES else f"not available on {device.type}"
+        raise ValueError(
+            f"attention_backend: {name!r} is {why}; allowed here: {', '.join([AUTO, *available])}"
+        )
+    return backend_class(name)

@@ -1,0 +1,9 @@
+"""The attention backends by name, best first: import-free, so that the engine settings check a name
+without loading torch (`attention_backend`)."""
+
+AUTO = "auto"
+# name -> "module:class" of its `AttentionBackend`, best first.
+BACKENDS = {
+    "sdpa": "tritonlm.worker.attention.sdpa:SdpaBackend",
+}
+NAMES = (AUTO, *BACKENDS)

@@ -1,0 +1,161 @@
+"""The SDPA backend: the paged pools of `kv_cache`, read with torch's scaled_dot_product_attention.
+
+In every layer (`forward`), over the step's `SdpaMetadata`:
+
+1. write the step's new keys/values into their slots (one `index_copy_` for the whole step);
+2. decode tokens: one batched SDPA call over each decoding sequence's cached keys/values, gathered
+   from its blocks or, on CPU, read in place from its `DecodeWorkspace` row, with a length mask;
+3. prefill chunks: per sequence, causal attention over its own new tokens, or over its cached prefix
+   plus the new tokens (a later chunk, or a prompt whose prefix came from the prefix cache).
+
+Rejected proposals leave stale keys/values in their slots, which are given back
+(`BlockManager.rollback`) and overwritten before anyone reads them. Any transformers decoder whose
+attention goes through the interface (Llama, Qwen2, Mistral, GPT-2 …) works unchanged; grouped-query
+attention goes through SDPA's `enable_gqa`, or, with `fuse_projections` on CPU, is folded into the
+query length (`fold_gqa`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from tritonlm.worker.attention import sdpa_metadata
+from tritonlm.worker.attention.base import AttentionBackend, DecodePlan, LayerShape, PackedStep
+from tritonlm.worker.attention.sdpa_metadata import SdpaMetadata
+from tritonlm.worker.decode_workspace import DecodeWorkspace
+from tritonlm.worker.kv_cache import PagedKVCache
+
+if TYPE_CHECKING:
+    from tritonlm.engine.sequence import Sequence
+
+
+class SdpaBackend(AttentionBackend):
+    name = "sdpa"
+
+    def __init__(self, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__(block_size, dtype, device)
+        self.cache = PagedKVCache(block_size, dtype, device)
+        self.workspace: DecodeWorkspace | None = None  # on CPU, set by `allocate`
+        # Decode attention with one query per sequence folds GQA groups into the query length.
+        self.fold_gqa = False
+
+    # -- the KV layout ---------------------------------------------------------------------------
+    def bytes_per_block(self, shapes: dict[int, LayerShape]) -> int:
+        return self.cache.bytes_per_block(shapes)
+
+    def allocate(
+        self, num_blocks: int, shapes: dict[int, LayerShape], max_num_seqs: int, max_seq_len: int
+    ) -> None:
+        self.cache.allocate(num_blocks, shapes)
+        if self.device.type == "cpu":  # see DecodeWorkspace; on a GPU gathering the blocks is cheap
+            budget = max(self.cache.memory_bytes() // 2, 256 << 20)
+            self.workspace = DecodeWorkspace(self.cache, max_num_seqs, max_seq_len, budget)
+
+    def memory_bytes(self) -> int:
+        return self.cache.memory_bytes()
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        self.cache.copy_blocks(pairs)
+
+    def reset(self) -> None:
+        if self.workspace is not None:
+            self.workspace.reset()
+
+    def on_fused_projections(self) -> None:
+        # SDPA's own GQA path is 5x slower on CPU (bf16, one query per sequence); the folded one
+        # differs from it by bf16 rounding (`worker/fused.py`).
+        self.fold_gqa = True
+
+    # -- one step --------------------------------------------------------------------------------
+    def plan_decodes(self, seqs: list[Sequence], num_new: list[int]) -> DecodePlan:
+        """In workspace row order, when the decodes read the workspace (its rows to fill as state)."""
+        plan = self.workspace.prepare(seqs, num_new, self.block_size) if self.workspace and seqs else None
+        if plan is None:
+            return DecodePlan(list(range(len(seqs))))
+        order, fills = plan
+        return DecodePlan(order, fills)
+
+    def build_metadata(self, step: PackedStep) -> SdpaMetadata:
+        fills = step.decode_plan.state if step.decode_plan is not None else None
+        return sdpa_metadata.build(step, self.cache, fills)
+
+    def forward(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        scaling: float | None,
+    ) -> torch.Tensor:
+        meta: SdpaMetadata = self.metadata
+        layer = module.layer_idx
+        gqa = query.shape[1] != key.shape[1]
+        k_pool, v_pool = self.cache.keys[layer], self.cache.values[layer]
+        k_pool.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
+        v_pool.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
+        outputs = []
+        if meta.num_decodes:
+            outputs.append(self._decode(layer, meta, query, key, value, scaling, gqa))
+        for part in meta.prefills:
+            q = query[:, :, part.offset : part.offset + part.length]
+            if part.slots is None:  # the whole sequence is in this chunk: its own keys, causal
+                k = key[:, :, part.offset : part.offset + part.length]
+                v = value[:, :, part.offset : part.offset + part.length]
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
+            else:  # after a cached prefix: its blocks, with the causal mask shifted by the prefix
+                k = k_pool[part.slots].transpose(0, 1)[None]
+                v = v_pool[part.slots].transpose(0, 1)[None]
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=part.mask, scale=scaling, enable_gqa=gqa
+                )
+            outputs.append(out[0].transpose(0, 1))  # [length, heads, head_dim]
+        return torch.cat(outputs)[None] if len(outputs) > 1 else outputs[0][None]
+
+    def _decode(
+        self,
+        layer: int,
+        meta: SdpaMetadata,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        scaling: float | None,
+        gqa: bool,
+    ) -> torch.Tensor:
+        """The decode tokens' attention output, [decode tokens, heads, head_dim]."""
+        n, dq = meta.num_decodes, meta.decode_queries
+        if meta.decode_positions is not None:  # rows [0, n) of the workspace, in place
+            t = n if dq is None else dq.num_tokens  # decode tokens
+            ws = self.workspace
+            if meta.workspace_fills:
+                ws.fill(layer, meta.workspace_fills)
+            rows = torch.arange(n, device=query.device) if dq is None else dq.rows
+            k_rows, v_rows = ws.keys[layer], ws.values[layer]
+            k_rows[rows, :, meta.decode_positions] = key[0, :, :t].transpose(0, 1)
+            v_rows[rows, :, meta.decode_positions] = value[0, :, :t].transpose(0, 1)
+            k = k_rows[:n, :, : meta.decode_length]
+            v = v_rows[:n, :, : meta.decode_length]
+        else:  # gather their blocks: [batch, kv_heads, length, head_dim]
+            k = self.cache.keys[layer][meta.decode_slots].transpose(1, 2)
+            v = self.cache.values[layer][meta.decode_slots].transpose(1, 2)
+        heads, dim = query.shape[1], query.shape[3]
+        if dq is None and gqa and self.fold_gqa:  # [batch, kv_heads, group, head_dim]
+            # A group's query heads share their keys and, one query each, a position: they are
+            # rows of one query of their key head.
+            q = query[0, :, :n].transpose(0, 1).reshape(n, key.shape[1], -1, dim)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_mask, scale=scaling)
+            return out.reshape(n, heads, dim)
+        if dq is None:  # one query each: [batch, heads, 1, head_dim]
+            q = query[0, :, :n].transpose(0, 1).unsqueeze(2)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=meta.decode_mask, scale=scaling, enable_gqa=gqa
+            )
+            return out.squeeze(2)  # [batch, heads, head_dim]
+        # padded to [batch, heads, width, head_dim], then back to the decode tokens
+        q = query[0][:, dq.gather].view(heads, n, dq.width, dim).transpose(0, 1)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=meta.decode_mask, scale=scaling, enable_gqa=gqa
+        )
+        return out.transpose(1, 2).reshape(n * dq.width, heads, dim)[dq.scatter]
