@@ -8,10 +8,12 @@ from collections.abc import Iterable
 import torch
 from transformers import AutoModelForCausalLM
 
+from tritonlm.config import EngineConfig
 from tritonlm.engine.request import Request
 from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker import fused
+from tritonlm.worker.model_runner import ModelRunner
 
 
 def request(
@@ -51,3 +53,10 @@ def reference_model(model_dir: object, dtype: torch.dtype = torch.float32) -> to
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     fused.fuse(model)
     return model
+
+
+def fp32_runner(model_dir: object, attention_backend: str, **settings: object) -> ModelRunner:
+    """A float32 runner of `model_dir` on one attention backend (the parity tests run on each)."""
+    return ModelRunner(
+        EngineConfig(str(model_dir), attention_backend=attention_backend, dtype="float32", **settings)
+    )

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import request
+from engine_helpers import fp32_runner, request
 from transformers import AutoModelForCausalLM
 
-from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.request import PromptEmbeds, Request, content_key
 from tritonlm.engine.sequence import Sequence
@@ -31,15 +30,7 @@ def table(hf_model) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def runner(attention_backend, model_dir) -> ModelRunner:
-    return ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=6,
-            max_seq_len=128,
-        )
-    )
+    return fp32_runner(model_dir, attention_backend, max_num_seqs=6, max_seq_len=128)
 
 
 def with_rows(
@@ -105,15 +96,7 @@ def test_rows_equal_to_token_embeddings_give_the_same_logits_and_output(runner, 
 
 
 def test_same_rows_share_prefix_blocks_and_other_rows_do_not(attention_backend, model_dir, hf_model, table):
-    runner = ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=4,
-            max_seq_len=128,
-        )
-    )
+    runner = fp32_runner(model_dir, attention_backend, max_num_seqs=4, max_seq_len=128)
     engine = Engine(runner, lambda seq, n: None)
     system = random_tokens(40, 2)  # two full 16-token blocks, then part of a third
     positions = [5, 6, 7, 8, 20]  # rows in both full blocks
@@ -139,15 +122,8 @@ def test_same_rows_share_prefix_blocks_and_other_rows_do_not(attention_backend, 
 
 
 def test_chunked_prefill_across_embedding_positions(attention_backend, model_dir, hf_model, table):
-    runner = ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=4,
-            max_num_batched_tokens=8,
-            max_seq_len=96,
-        )
+    runner = fp32_runner(
+        model_dir, attention_backend, max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96
     )
     prompt = random_tokens(30, 4)
     positions = [6, 7, 8, 15, 16, 29]  # chunks end at 8, 16, 24: rows on both sides of each
@@ -165,16 +141,7 @@ def test_chunked_prefill_across_embedding_positions(attention_backend, model_dir
 
 def test_preemption_recomputes_embedding_rows(attention_backend, model_dir, hf_model, table):
     # 6 blocks of 16 tokens: room for about two of the eight sequences at a time.
-    small = ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=8,
-            max_seq_len=96,
-            kv_cache_blocks=6,
-        )
-    )
+    small = fp32_runner(model_dir, attention_backend, max_num_seqs=8, max_seq_len=96, kv_cache_blocks=6)
     gen = torch.Generator().manual_seed(5)
     lengths = torch.randint(10, 50, (8,), generator=gen).tolist()
     prompts = [random_tokens(n, 10 + i) for i, n in enumerate(lengths)]

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from engine_helpers import request, sequence
+from engine_helpers import fp32_runner, request, sequence
 from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import (
     NoRepeatNGramLogitsProcessor,
@@ -43,15 +43,7 @@ def test_config_pbtxt_matches_the_contract():
 
 @pytest.fixture(scope="module")
 def runner(attention_backend, model_dir) -> ModelRunner:
-    return ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=6,
-            max_seq_len=256,
-        )
-    )
+    return fp32_runner(model_dir, attention_backend, max_num_seqs=6, max_seq_len=256)
 
 
 def run_all(
@@ -117,16 +109,7 @@ def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(
 ):
     prompts, refs = greedy_refs
     # 6 blocks of 16 tokens: room for about two of the ten sequences at a time.
-    small = ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=8,
-            max_seq_len=96,
-            kv_cache_blocks=6,
-        )
-    )
+    small = fp32_runner(model_dir, attention_backend, max_num_seqs=8, max_seq_len=96, kv_cache_blocks=6)
     small.attention.workspace = None  # decode attention over gathered blocks (the GPU path) here
     engine, seqs = run_all(small, [request(p, 20, SamplingParams()) for p in prompts])
     assert engine.stats()["preemptions"] > 0
@@ -136,15 +119,7 @@ def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(
 
 
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(attention_backend, model_dir, monkeypatch):
-    runner = ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=4,
-            max_seq_len=64,
-        )
-    )
+    runner = fp32_runner(model_dir, attention_backend, max_num_seqs=4, max_seq_len=64)
     real = runner.execute
     calls = []
 
@@ -164,15 +139,8 @@ def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(attention_back
 
 def test_chunked_prefill_gives_the_same_outputs(attention_backend, model_dir, greedy_refs):
     prompts, refs = greedy_refs
-    chunked = ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=4,
-            max_num_batched_tokens=8,
-            max_seq_len=96,
-        )
+    chunked = fp32_runner(
+        model_dir, attention_backend, max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96
     )
     engine, seqs = run_all(chunked, [request(p, 20, SamplingParams()) for p in prompts])
     assert [s.output_ids for s in seqs] == refs
@@ -183,30 +151,15 @@ def test_chunked_prefill_gives_the_same_outputs(attention_backend, model_dir, gr
 def test_a_shared_prefix_is_computed_once_and_outputs_stay_the_same(attention_backend, model_dir, hf_model):
     gen = torch.Generator().manual_seed(1)
     system = torch.randint(5, 4000, (100,), generator=gen).tolist()
-    cached = ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=4,
-            max_seq_len=256,
-        )
-    )
+    cached = fp32_runner(model_dir, attention_backend, max_num_seqs=4, max_seq_len=256)
     engine, (first,) = run_all(cached, [request(system + [11, 12, 13], 12, SamplingParams())])
     (second,) = run_all_on(engine, [request(system + [21, 22], 12, SamplingParams())])
     assert first.out.cached_tokens == 0
     assert second.out.cached_tokens == 96  # the six full 16-token blocks of the shared 100 tokens
     assert engine.stats()["prefix_cache_hits"] == 96
     assert second.output_ids == generate(hf_model, second.prompt_ids, 12)
-    uncached = ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=4,
-            max_seq_len=256,
-            enable_prefix_caching=False,
-        )
+    uncached = fp32_runner(
+        model_dir, attention_backend, max_num_seqs=4, max_seq_len=256, enable_prefix_caching=False
     )
     _, (again,) = run_all(uncached, [request(list(second.prompt_ids), 12, SamplingParams())])
     assert again.out.cached_tokens == 0 and again.output_ids == second.output_ids
@@ -236,15 +189,8 @@ def run_all_on(engine: Engine, requests: list[Request]) -> list[Sequence]:
 
 
 def test_prompt_and_generation_logits_hooks(attention_backend, model_dir, hf_model):
-    runner = ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=4,
-            max_num_batched_tokens=8,
-            max_seq_len=96,
-        )
+    runner = fp32_runner(
+        model_dir, attention_backend, max_num_seqs=4, max_num_batched_tokens=8, max_seq_len=96
     )
     prompt = list(range(30, 60))
     _, (other, seq) = run_all(
@@ -292,16 +238,7 @@ def test_prompt_log_probs_are_the_samplers_chunk_by_chunk(model_dir):
 
 
 def test_fork_copies_a_shared_partial_block_before_writing(attention_backend, model_dir, hf_model):
-    runner = ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=4,
-            max_seq_len=96,
-            block_size=4,
-        )
-    )
+    runner = fp32_runner(model_dir, attention_backend, max_num_seqs=4, max_seq_len=96, block_size=4)
     engine = Engine(runner, lambda seq, n: None)
     parent = engine.add(request([5, 6, 7, 8, 9, 10], 8, SamplingParams()))  # 1.5 blocks
     engine.step()  # prefill; its first token sampled
@@ -401,16 +338,7 @@ def test_cancelled_sequence_leaves_within_a_step(runner):
 
 
 def test_a_full_waiting_queue_refuses_requests(attention_backend, model_dir):
-    runner = ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=2,
-            max_seq_len=64,
-            max_queue_size=2,
-        )
-    )
+    runner = fp32_runner(model_dir, attention_backend, max_num_seqs=2, max_seq_len=64, max_queue_size=2)
     engine = Engine(runner, lambda seq, n: None)
     assert all(engine.add(request([1, 2], 4, SamplingParams())) for _ in range(4))
     assert not engine.add(request([1, 2], 4, SamplingParams()))

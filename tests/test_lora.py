@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from engine_helpers import request
+from engine_helpers import fp32_runner, request
 from lora_helpers import make_adapter, merged_generate
 from safetensors.torch import load_file
 from test_engine import run_all
@@ -35,15 +35,7 @@ def adapters(model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runner(attention_backend, model_dir) -> ModelRunner:
-    return ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=8,
-            max_seq_len=256,
-        )
-    )
+    return fp32_runner(model_dir, attention_backend, max_num_seqs=8, max_seq_len=256)
 
 
 def test_peft_to_tensors_follows_tensorrt_llms_layout(adapters):

@@ -257,6 +257,9 @@ def test_every_api_generates_with_an_image(multimodal_servers, api):
     llava_servers = multimodal_servers("llava")  # conftest's: shared with the other multimodal tests
     path, body = API_PATHS[api]
     request = body({"type": "image_url", "image_url": data_url(png_bytes())})
+    if api == "openai":
+        request["model"] = llava_servers.model_name  # served by its directory's name
+    path = path.replace("/default/", f"/{llava_servers.model_name}/")
     if api == "tgi":
         request["parameters"] = {"max_new_tokens": 4, "details": True, "decoder_input_details": True}
     else:

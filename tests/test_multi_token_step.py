@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import reference_model, sequence
+from engine_helpers import fp32_runner, reference_model, sequence
 
-from tritonlm.config import EngineConfig
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.scheduler import Scheduler, SchedulerOutput
 from tritonlm.engine.sequence import Sequence
@@ -17,15 +16,7 @@ from tritonlm.worker.model_runner import ModelOutput, ModelRunner
 
 @pytest.fixture(scope="module")
 def runner(attention_backend, model_dir) -> ModelRunner:
-    return ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=6,
-            max_seq_len=256,
-        )
-    )
+    return fp32_runner(model_dir, attention_backend, max_num_seqs=6, max_seq_len=256)
 
 
 @pytest.fixture(scope="module")

@@ -449,8 +449,7 @@ def test_postprocess_beam_rows_and_top_token_texts(chat_tokenizer) -> None:
 def test_engine_makes_postprocessing_text_when_asked(byte_level) -> None:
     """The engine's own text outputs (what the HTTP frontend asks for) equal what postprocessing
     makes of the same responses, and only the outputs asked for are built."""
-    from tritonlm.engine.sequence import Sequence, TokenTiming
-    from tritonlm.engine.stopping import text_stream
+    from tritonlm.engine.sequence import Sequence, TokenTiming, text_stream
     from tritonlm.serving.engine_inputs import parse_request
     from tritonlm.serving.engine_outputs import ResponseBuilder, response_tensors
 

@@ -13,10 +13,10 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from engine_helpers import fp32_runner
 from transformers import AutoModelForCausalLM
 
 from client.stream import StreamClient
-from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.sequence import Sequence
 from tritonlm.errors import InvalidRequest
@@ -35,15 +35,7 @@ def hf_model(model_dir):
 
 @pytest.fixture(scope="module")
 def runner(attention_backend, model_dir) -> ModelRunner:
-    return ModelRunner(
-        EngineConfig(
-            str(model_dir),
-            attention_backend=attention_backend,
-            dtype="float32",
-            max_num_seqs=4,
-            max_seq_len=128,
-        )
-    )
+    return fp32_runner(model_dir, attention_backend, max_num_seqs=4, max_seq_len=128)
 
 
 def make_table(rows: int, seed: int) -> np.ndarray:

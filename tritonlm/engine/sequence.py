@@ -11,18 +11,18 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from tritonlm.engine.request import Request
-from tritonlm.engine.stopping import text_stream
 from tritonlm.sampling.params import SamplerInput, SamplingParams
 from tritonlm.structured_output import GrammarState
-from tritonlm.text.stream import TextStream
+from tritonlm.text.stream import TextStream, stop_texts
 
 if TYPE_CHECKING:
-    from tritonlm.engine.beam_group import BeamGroup
+    from tritonlm.sampling.beam_search import Beam
+    from tritonlm.sampling.logits_processors.base import LogitsPipeline
 
 
 class Status(enum.Enum):
@@ -30,6 +30,26 @@ class Status(enum.Enum):
     RUNNING = "running"  # admitted: holds KV blocks and is scheduled every step it has tokens to feed
     AWAITING_BEAMS = "awaiting beams"  # a beam that reported its logits; steps when its group does
     FINISHED = "finished"  # out of the scheduler, blocks freed
+
+
+class BeamGroup(Protocol):
+    """A beam-search request's group as the engine reaches it through `Sequence.group`: the
+    interface of engine.beam_group.BeamGroup, declared here because that module builds Sequences
+    (so the two never import each other). `scheduler` is the engine's Scheduler."""
+
+    head: Sequence
+    beams: list[Sequence]
+    results: list[Beam]
+
+    def report(self, beam: Sequence, logits: torch.Tensor) -> bool: ...
+
+    def advance(
+        self, scheduler: Any, processors: LogitsPipeline, batch_size: int, start: float, end: float
+    ) -> bool: ...
+
+    def finish(self, scheduler: Any) -> None: ...
+
+    def finish_reasons(self) -> list[str]: ...
 
 
 @dataclass
@@ -168,3 +188,20 @@ class Sequence:
         verification row sees)."""
         output = [*self.output_ids, *proposals] if proposals else self.output_ids
         return SamplerInput(self.params, self.request.prompt_ids, output, self.generator, self.grammar)
+
+
+def text_stream(request: Request, tokenizer: Any) -> TextStream | None:
+    """A sequence's text stream, when it needs one: it has stop strings (or stop words, also looked
+    for as text) or its client wants text. Beam search makes its texts at the end instead."""
+    if tokenizer is None or request.beam_width > 1:
+        return None
+    stops = stop_texts(tokenizer, request.stop_strings, request.stop_words)
+    if not stops and not request.text_wanted:
+        return None
+    return TextStream(
+        tokenizer,
+        request.skip_special_tokens,
+        stops,
+        request.include_stop_str_in_output,
+        armed_at=request.params.min_length,  # stop words count from min_length on
+    )

@@ -1,32 +1,12 @@
-"""When a sequence is done: the finish reason after its newest token, or "" to go on; and the
-text stream that finds its stop strings (and makes its text)."""
+"""When a sequence is done: the finish reason after its newest token, or "" to go on (its text
+stream, built with the sequence, finds its stop strings)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from tritonlm.engine.request import Request
-from tritonlm.text.stream import TextStream, stop_texts
-
-if TYPE_CHECKING:  # the sequence builds its text stream here
+if TYPE_CHECKING:
     from tritonlm.engine.sequence import Sequence
-
-
-def text_stream(request: Request, tokenizer: Any) -> TextStream | None:
-    """A sequence's text stream, when it needs one: it has stop strings (or stop words, also looked
-    for as text) or its client wants text. Beam search makes its texts at the end instead."""
-    if tokenizer is None or request.beam_width > 1:
-        return None
-    stops = stop_texts(tokenizer, request.stop_strings, request.stop_words)
-    if not stops and not request.text_wanted:
-        return None
-    return TextStream(
-        tokenizer,
-        request.skip_special_tokens,
-        stops,
-        request.include_stop_str_in_output,
-        armed_at=request.params.min_length,  # stop words count from min_length on
-    )
 
 
 def finish_reason(seq: Sequence, max_seq_len: int) -> str:

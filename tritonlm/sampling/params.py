@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from tritonlm.structured_output import GrammarState
+    from tritonlm.structured_output.state import GrammarState
 
 
 @dataclass
