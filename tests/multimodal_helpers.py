@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import wave
+from collections.abc import Collection
 from pathlib import Path
 
 import av
@@ -19,6 +20,7 @@ from transformers import AutoProcessor
 from tritonlm.multimodal.decode import decode_audio
 from tritonlm.multimodal.encoder import MODEL_CLASSES
 from tritonlm.multimodal.limits import MediaLimits
+from tritonlm.multimodal.placeholders import expand_media
 
 
 def png(seed: int, size: tuple[int, int] = (64, 48)) -> bytes:
@@ -94,3 +96,17 @@ class Reference:
 
     def decode(self, tokens: list[int]) -> str:
         return self.processor.tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def expand_placeholders(
+    ids: list[int], placeholder_id: int | Collection[int], rows_per_item: list[int], vocab_size: int
+) -> list[int]:
+    """`expand_media` without kinds: every placeholder id shares one numbering, in prompt order (a
+    prompt with images and a video), its rows first in the table."""
+    placeholders = [placeholder_id] if isinstance(placeholder_id, int) else placeholder_id
+    return expand_media(ids, dict.fromkeys(placeholders, "media"), rows_per_item, vocab_size)
+
+
+def prompt_table(features: list[np.ndarray]) -> np.ndarray:
+    """The items' rows stacked as the engine's `prompt_embedding_table` [1, P, hidden]."""
+    return np.concatenate(features, axis=0)[None].astype(np.float32)

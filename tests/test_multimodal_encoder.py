@@ -8,6 +8,7 @@ import hashlib
 import numpy as np
 import pytest
 import torch
+from multimodal_helpers import expand_placeholders, prompt_table
 from PIL import Image
 
 from tritonlm.config import EngineConfig
@@ -15,7 +16,6 @@ from tritonlm.engine.loop import Engine
 from tritonlm.multimodal import checkpoints
 from tritonlm.multimodal.architectures import media_kinds
 from tritonlm.multimodal.encoder import MediaEncoder
-from tritonlm.multimodal.placeholders import expand_placeholders, prompt_table
 from tritonlm.serving.engine_inputs import parse_request
 from tritonlm.worker.model_runner import ModelRunner
 

@@ -18,6 +18,7 @@ import av
 import numpy as np
 import pytest
 import torch
+from multimodal_helpers import expand_placeholders, prompt_table
 from PIL import Image
 from transformers import LlavaOnevisionProcessor
 
@@ -28,7 +29,6 @@ from tritonlm.multimodal.architectures import media_kinds
 from tritonlm.multimodal.decode import frame_positions, sample_video_frames
 from tritonlm.multimodal.encoder import MediaEncoder
 from tritonlm.multimodal.limits import DEFAULT_VIDEO_FRAMES, MediaLimits
-from tritonlm.multimodal.placeholders import expand_placeholders, prompt_table
 from tritonlm.serving.engine_inputs import parse_request
 from tritonlm.worker.model_runner import ModelRunner
 

@@ -4,9 +4,7 @@ embedding table (row = id - vocab_size), in the order the items appear."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-
-import numpy as np
+from collections.abc import Mapping, Sequence
 
 
 def expand_media(
@@ -38,17 +36,3 @@ def expand_media(
         next_id += rows_per_item[item]
         item += 1
     return out
-
-
-def expand_placeholders(
-    ids: list[int], placeholder_id: int | Collection[int], rows_per_item: list[int], vocab_size: int
-) -> list[int]:
-    """`expand_media` without kinds: every placeholder id shares one numbering, in prompt order (a
-    prompt with images and a video), its rows first in the table."""
-    placeholders = [placeholder_id] if isinstance(placeholder_id, int) else placeholder_id
-    return expand_media(ids, dict.fromkeys(placeholders, "media"), rows_per_item, vocab_size)
-
-
-def prompt_table(features: list[np.ndarray]) -> np.ndarray:
-    """The items' rows stacked as the engine's `prompt_embedding_table` [1, P, hidden]."""
-    return np.concatenate(features, axis=0)[None].astype(np.float32)
