@@ -1,6 +1,7 @@
 """The docs stay true: every relative link of README.md and docs/ resolves (file and anchor), and the
-examples of README.md and docs/http-apis.md (curl commands, the gRPC client, the `openai` SDK) run
-against the session's real servers, answering 200 with the keys their documented responses show."""
+examples of README.md and docs/ (http-apis.md, features.md, grpc.md: curl commands, the gRPC client,
+the `openai` SDK) run against the session's real servers, answering 200 with the keys their
+documented responses show."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-EXAMPLE_DOCS = [ROOT / "README.md", ROOT / "docs" / "http-apis.md"]
+EXAMPLE_DOCS = [
+    ROOT / "README.md",
+    *(ROOT / "docs" / name for name in ("http-apis.md", "features.md", "grpc.md")),
+]
 # The model id the examples name (`make run`'s); the test servers serve the tiny model as "tiny".
 DOCUMENTED_MODEL = "smollm2-135m-instruct"
 
@@ -134,11 +138,19 @@ def commands(block: str) -> list[tuple[str, str]]:
 
 
 def curls(path: Path) -> list[Curl]:
-    """The runnable curl examples of `path` (not those reading local files or needing TLS)."""
+    """The runnable curl examples of `path`: not those reading local files, needing TLS or the
+    metrics port, nor those of a block that starts a server with other settings (`make run`)."""
     examples = []
     for block in code_blocks(path.read_text(), "sh"):
+        if "make run" in block:
+            continue
         for command, documented in commands(block):
-            if not command.startswith("curl ") or "$(" in command or "https://" in command:
+            if (
+                not command.startswith("curl ")
+                or "$(" in command
+                or "https://" in command
+                or ":8002" in command
+            ):
                 continue
             args = shlex.split(command)
             url = next(a for a in args[1:] if a.startswith("localhost:"))
@@ -161,6 +173,7 @@ def served(text: str, servers) -> str:
     """An example's text aimed at the test servers: their ports and their model's id."""
     text = text.replace(DOCUMENTED_MODEL, servers.model_name)
     text = text.replace("localhost:9000", servers.frontend_url.removeprefix("http://"))
+    text = text.replace("localhost:8000", f"127.0.0.1:{servers.ports.http}")
     return text.replace("localhost:8001", servers.grpc_url)
 
 
