@@ -44,6 +44,14 @@ def test_one_row_per_sequence_is_argmax_when_greedy_with_log_probs_and_generatio
     assert not out.grammar_masked and not out.beam_logits and not out.prompts
 
 
+def test_generation_logits_are_the_models_rows_before_any_processor():
+    logits = logits_for(1, seed=3)
+    params = SamplingParams(repetition_penalty=2.0, temperature=0.5, seed=1, return_generation_logits=True)
+    metadata = SamplingMetadata.of_inputs([SamplerInput(params, (1, 2), [3, 4], None)])
+    out = Sampler(default_pipeline())(logits.clone(), metadata)  # float32: the processors' own dtype
+    assert torch.equal(out.tokens[0].generation_logits[0], logits[0])
+
+
 def test_proposals_are_verified_in_the_sampler():
     logits = logits_for(3, seed=1)
     best = logits.argmax(-1).tolist()

@@ -86,7 +86,11 @@ class Sampler:
     def _tokens(self, logits: torch.Tensor, metadata: SamplingMetadata) -> dict[int, SampledTokens]:
         inputs = metadata.inputs
         raw = logits if metadata.rows is None else logits[torch.tensor(metadata.rows, device=logits.device)]
-        processed = apply_temperature(self.processors(raw.float(), inputs), [s.params for s in inputs])
+        # The processors edit their input in place: a float32 step's rows are copied first when a
+        # sequence reports its raw rows (generation logits are the model's, as TensorRT-LLM's).
+        keep_raw = any(seq.params.return_generation_logits for seq in metadata.seqs)
+        processed = self.processors(raw.to(torch.float32, copy=keep_raw), inputs)
+        processed = apply_temperature(processed, [s.params for s in inputs])
         log_probs = processed.log_softmax(dim=-1) if any(s.params.return_log_probs for s in inputs) else None
         firsts = [0]
         for seq in metadata.seqs:
