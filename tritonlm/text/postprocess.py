@@ -22,7 +22,7 @@ import numpy as np
 
 from tritonlm.errors import InvalidRequest
 from tritonlm.serving import contract
-from tritonlm.serving.request_tensors import RequestTensors
+from tritonlm.serving.request_tensors import RequestTensors, required
 from tritonlm.text.stream import TextStream, stop_texts
 from tritonlm.text.tokenization import list_to_words, special_ids, token_texts
 
@@ -144,7 +144,7 @@ class Postprocessor:
         """Each beam's new token ids: its row of output_ids, cut to its sequence_length when given."""
         arr = inputs.get("output_ids")
         if arr is None:
-            raise InvalidRequest("output_ids is required")
+            raise required("output_ids")
         arr = np.asarray(arr)
         if arr.ndim == 1:  # a single beam without its beam dimension
             arr = arr[None, :]
