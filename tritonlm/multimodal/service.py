@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonlm.engine.prompt_table import check_table_shape
 from tritonlm.errors import InvalidRequest
 from tritonlm.multimodal.architectures import media_kinds
 from tritonlm.multimodal.decode import decode_audio, decode_image, sample_video_frames
@@ -110,15 +111,7 @@ class EncoderService:
         )
         rows = 0
         if table is not None:
-            if table.ndim != 3 or table.shape[0] != 1:
-                raise InvalidRequest(
-                    f"prompt_embedding_table: expected shape [1, rows, hidden], got {list(table.shape)}"
-                )
-            if table.shape[2] != self.encoder.hidden_size:
-                raise InvalidRequest(
-                    f"prompt_embedding_table: rows must have the model's hidden size "
-                    f"{self.encoder.hidden_size}, got {table.shape[2]}"
-                )
+            check_table_shape(table, self.encoder.hidden_size, min_rows=0)
             rows = table.shape[1]
         if virtual_tokens != rows:
             raise InvalidRequest(

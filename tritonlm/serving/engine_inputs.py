@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tritonlm.engine.prompt_table import table_embeds
+from tritonlm.engine.prompt_table import check_table_shape, table_embeds
 from tritonlm.engine.request import DraftTokens, Guide, PromptEmbeds, Request
 from tritonlm.errors import InvalidRequest, prompt_too_long
 from tritonlm.lora.adapter import LoraAdapter
@@ -169,15 +169,8 @@ def read_prompt_table(
             f"input_ids: token ids must be in [0, {vocab_size})",
         )
         return None
-    _check(
-        table.ndim == 3 and table.shape[0] == 1 and table.shape[1] >= 1,
-        f"prompt_embedding_table: expected shape [1, rows, hidden], got {list(table.shape)}",
-    )
+    check_table_shape(table, hidden_size)
     rows = table.shape[1]
-    _check(
-        hidden_size is None or table.shape[2] == hidden_size,
-        f"prompt_embedding_table: rows must have the model's hidden size {hidden_size}, got {table.shape[2]}",
-    )
     _check(bool(np.isfinite(table).all()), "prompt_embedding_table: values must be finite")
     size = reader.integer("prompt_vocab_size", Bounds(1, rows))  # the table's rows
     size = rows if size is None else size
