@@ -18,7 +18,7 @@ from frontend.errors import APIError
 from frontend.routing.router import Endpoints, Router
 from tritonlm.engine.request import Guide
 from tritonlm.errors import InvalidRequest
-from tritonlm.sampling.draws import draw_rows, exponentials, uniform
+from tritonlm.sampling.draws import draw_rows, exponential_of, exponentials, uniform
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.serving.engine_inputs import parse_request
 from tritonlm.text.tokenization import load_tokenizer
@@ -151,6 +151,13 @@ def test_draws_are_keyed_by_seed_and_position_and_follow_the_distribution():
     # Rows are independent of their batch, the scale of a row does not matter, and float noise in
     # the probabilities (another batch shape's logits) does not move the draw.
     assert draw_rows(probs.repeat(3, 1) * 7, keys[:3], [5] * 3) == drawn[:3]
+    # The extremes of the 24 random bits: E stays finite and positive, so a zero-probability
+    # token (a grammar-masked one) never wins, even on the entry whose uniform is the largest.
+    extremes = exponential_of(torch.tensor([0, 2**24 - 1]))
+    assert bool(torch.isfinite(extremes).all()) and extremes.min() > 0
+    only_3 = torch.tensor([0.0, 0.0, 0.0, 1.0])
+    noise = exponential_of(torch.tensor([2**24 - 1, 5, 6, 7]))  # the masked entry 0 draws the largest
+    assert int((only_3 / noise).argmax()) == 3
     flat = torch.rand(64, 32000, generator=torch.Generator().manual_seed(0)).softmax(dim=-1)
     jitter = flat * (1 + 1e-6 * torch.randn(flat.shape, generator=torch.Generator().manual_seed(1)))
     assert draw_rows(flat, range(64), [3] * 64) == draw_rows(jitter, range(64), [3] * 64)

@@ -70,8 +70,15 @@ def exponentials(
     words = torch.tensor([_row_words(k, p) for k, p in zip(keys, positions, strict=True)], device=device)
     x = torch.arange(vocab, dtype=torch.int64, device=device)[None, :] ^ words[:, :1]
     x = _hash32(x) ^ words[:, 1:]
-    uniform24 = (_hash32(x) >> 8).to(torch.float32).add_(0.5).mul_(2.0**-24)  # in (0, 1)
-    return uniform24.log_().neg_()
+    return exponential_of(_hash32(x) >> 8)
+
+
+def exponential_of(bits24: torch.Tensor) -> torch.Tensor:
+    """-log U, float32, for U uniform in (0, 1) from 24-bit ints. The largest, (2**24 - 0.5) / 2**24,
+    rounds to 1.0 in float32, which would give E = 0: a zero-probability token's 0 / 0 is NaN, and
+    NaN wins argmax. So U stops at the float32 just below 1 and E is never 0."""
+    uniform = bits24.to(torch.float32).add_(0.5).mul_(2.0**-24).clamp_(max=1.0 - 2.0**-24)
+    return uniform.log_().neg_()
 
 
 def draw_rows(probs: torch.Tensor, keys: Sequence[int], positions: Sequence[int]) -> list[int]:
