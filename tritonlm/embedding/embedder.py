@@ -69,6 +69,10 @@ class Embedder:
             positions = getattr(self.model.config, "max_position_embeddings", None) or 512
             self.max_length = min(positions, self.tokenizer.model_max_length)
         self.dimension = self.model.config.hidden_size * len(self.config.pooling)
+        # Lengths padded to a multiple of 16 (when that never passes max_length): every new [batch,
+        # length] shape costs oneDNN a cached kernel (up to 1,024 of them), so fewer shapes keep
+        # the process's memory flat under varied traffic.
+        self.pad_multiple = 16 if self.max_length % 16 == 0 else None
         log.info(
             "embedding model %s on %s: pooling %s, normalize %s, max %d tokens, %d dimensions",
             directory, self.device, self.config.pooling, self.config.normalize, self.max_length,
@@ -84,7 +88,12 @@ class Embedder:
         if self.config.do_lower_case:
             texts = [t.lower() for t in texts]
         batch = self.tokenizer(
-            texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+            texts,
+            padding=True,
+            pad_to_multiple_of=self.pad_multiple,
+            truncation=True,
+            max_length=self.max_length,
+            return_tensors="pt",
         ).to(self.device)
         hidden = self.model(**batch).last_hidden_state
         vectors = pool(hidden, batch["attention_mask"], self.config.pooling)
