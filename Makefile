@@ -40,13 +40,15 @@ $(STAMP): pyproject.toml
 model: setup
 	$(PY) -m tritonlm.tiny_model models/tiny
 
-# Throughput and latency of static-batch transformers generate, this project and vLLM's CPU server
-# on the ~30M-parameter bench model, in fp32 and bf16, plus the physical limit of each dtype; about
-# ten minutes. Results: bench_results/. Not part of `make test`. BENCH_ARGS="--systems 12345" adds
-# one-at-a-time generate and `transformers serve`.
+# Throughput, latency and peak memory of static-batch transformers generate, this project and
+# vLLM's CPU server on the ~30M-parameter bench model, then of this project and vLLM on the default
+# model (SmolLM2-135M-Instruct), in fp32 and bf16, plus the physical limit of each dtype; about
+# twenty minutes. Results: bench_results/. Not part of `make test`. BENCH_ARGS="--systems 12345"
+# adds one-at-a-time generate and `transformers serve`.
 bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed
 	test -f models/bench/config.json || $(PY) -m tritonlm.tiny_model models/bench --size bench
 	$(PY) -m client.bench $(BENCH_ARGS)
+	$(PY) -m client.bench --model-dir models/smollm2-135m-instruct --systems 45 $(BENCH_ARGS)
 
 $(VENV)/.bench-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[bench]"

@@ -47,6 +47,7 @@ import torch
 
 from client import load
 from client.load import Prompt, Result
+from client.memory import PeakRss
 from tritonlm import launcher
 from tritonlm.tiny_model import count_parameters
 
@@ -273,19 +274,22 @@ def _run_openai_server(
         )
     try:
         launcher.wait_ready(f"http://127.0.0.1:{port}/health", process, ready_timeout, desc)
-        return asyncio.run(
-            load.benchmark(
-                "openai",
-                f"http://127.0.0.1:{port}",
-                prompts,
-                args.concurrency,
-                model=name,
-                ignore_eos=ignore_eos,
-                warmup=args.concurrency,
-                seed=args.seed,
-                desc=desc,
+        with PeakRss([process.pid]) as memory:
+            report, results = asyncio.run(
+                load.benchmark(
+                    "openai",
+                    f"http://127.0.0.1:{port}",
+                    prompts,
+                    args.concurrency,
+                    model=name,
+                    ignore_eos=ignore_eos,
+                    warmup=args.concurrency,
+                    seed=args.seed,
+                    desc=desc,
+                )
             )
-        )
+        report["peak_rss_mib"] = memory.peak_mib
+        return report, results
     finally:
         launcher.stop(process)
 
@@ -327,20 +331,22 @@ def run_ours(
         args.api_used = args.api_used or api
         url = f"127.0.0.1:{ports.grpc}" if api == "grpc" else http
         metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
-        report, results = asyncio.run(
-            load.benchmark(
-                api,
-                url,
-                prompts,
-                args.concurrency,
-                model=model_dir.name,
-                ignore_eos=True,
-                warmup=args.concurrency,
-                seed=args.seed,
-                desc=f"{NAMES[key]} {dtype} ({api})",
-                extra={"structured_outputs": {"json": BENCH_SCHEMA}} if structured else None,
+        with PeakRss([triton.pid, frontend.pid]) as memory:
+            report, results = asyncio.run(
+                load.benchmark(
+                    api,
+                    url,
+                    prompts,
+                    args.concurrency,
+                    model=model_dir.name,
+                    ignore_eos=True,
+                    warmup=args.concurrency,
+                    seed=args.seed,
+                    desc=f"{NAMES[key]} {dtype} ({api})",
+                    extra={"structured_outputs": {"json": BENCH_SCHEMA}} if structured else None,
+                )
             )
-        )
+        report["peak_rss_mib"] = memory.peak_mib
         if structured:
             time.sleep(1.5)  # the engine publishes its statistics every 0.5 s
             stats = engine_stats(metrics)
@@ -370,17 +376,20 @@ def table(reports: dict[str, dict], limit: float) -> str:
         return f"{value / base:.2f}x" if base else "-"
 
     rows = [
-        "| system | output tok/s | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | vs (2) | vs (5) vLLM |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| system | output tok/s | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms "
+        "| peak RSS MiB | vs (2) | vs (5) vLLM |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, r in reports.items():
-        tps, ttft = r["output_throughput"], r["ttft_ms"]
+        tps, ttft, tpot = r["output_throughput"], r["ttft_ms"], r["tpot_ms"]
+        rss = f"{r['peak_rss_mib']:.0f}" if r.get("peak_rss_mib") else "-"  # (1)-(2) share the bench's
         rows.append(
             f"| {NAMES[key]} | {tps:.0f} | {r['request_throughput']:.2f} | {ttft['p50']:.0f} "
-            f"| {ttft['p99']:.0f} | {r['tpot_ms']['p50']:.1f} | {ratio(tps, base2)} | {ratio(tps, base5)} |"
+            f"| {ttft['p99']:.0f} | {tpot['p50']:.1f} | {tpot['p99']:.1f} | {rss} "
+            f"| {ratio(tps, base2)} | {ratio(tps, base5)} |"
         )
     rows.append(
-        f"| physical limit (forward FLOPs / matmul rate) | {limit:.0f} | | | | | "
+        f"| physical limit (forward FLOPs / matmul rate) | {limit:.0f} | | | | | | | "
         f"{ratio(limit, base2)} | {ratio(limit, base5)} |"
     )
     return "\n".join(rows)
@@ -507,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(table(reports[dtype], limits[dtype]))
         ours = reports[dtype].get("4", {}).get("output_throughput")
-        for key, target in (("5", 1.0), ("2", 1.0)):
+        for key, target in (("5", 1.2), ("2", 1.0)):
             if ours and key in reports[dtype]:
                 got = ours / reports[dtype][key]["output_throughput"]
                 verdict = "ok" if got >= target else "BELOW TARGET"

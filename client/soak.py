@@ -22,21 +22,12 @@ from pathlib import Path
 
 import httpx
 
+from client.memory import rss_mib
 from client.served import supervised
 from client.soak_mix import KINDS, Target, failed
 from tritonlm import launcher
 from tritonlm.multimodal.architectures import media_kinds
 from tritonlm.processes import group_members
-
-
-def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def named_processes(supervisor: launcher.Supervisor) -> dict[str, int]:
