@@ -19,7 +19,7 @@ from frontend.errors import APIError
 from frontend.field_rules import bounded_text
 from frontend.media.attach import attach
 from frontend.media.parts import chat_media
-from frontend.models import resolve_model, use_adapter
+from frontend.models import resolve_model, use_model
 from frontend.openai_api.schema import (
     MAX_PROMPT_CHARS,
     STRICT_BODY,
@@ -95,7 +95,7 @@ class DetokenizeRequest(BaseModel):
 async def tokenize(req: TokenizeRequest, request: Request) -> dict[str, Any]:
     model = resolve_model(request, req.model, "generate")
     job = req.to_job()
-    use_adapter(request, job, model)
+    use_model(request, job, model)
     if job.messages is not None:  # media: placeholders for the template, their rows counted
         job.messages, refs = chat_media(job.messages)
         await attach(request, job, refs, "messages", chat=True)
