@@ -130,11 +130,12 @@ def start_triton(
     """tritonserver in its own process group (its Python stubs join it), signalled when we die.
     `config`: the settings its models read too (MEDIA_*, EMBED_MODEL_DIR, MODEL_DIRS); None: the
     environment's. It serves `model_dir`, or MODEL_DIRS' models, from `repository`, written for them
-    when None (beside `log_path`), loading exactly those models (explicit model control)."""
+    when None (at MODEL_REPOSITORY, else beside `log_path`), loading exactly those models (explicit
+    model control)."""
     config = config or FrontendConfig.load()
     models = served_models(config, model_dir)
     if repository is None:
-        repository = log_path.parent / f"repository-{server_id}"
+        repository = Path(config.model_repository or log_path.parent / f"repository-{server_id}")
         write_repository(repository, models, config)
     command, env = triton_command(work_dir)
     env.update(config.environment())
