@@ -16,6 +16,7 @@ from typing import Literal
 from fastapi import Request
 
 from frontend.engine_client.request import Job
+from frontend.engine_client.served import DEFAULT, ServedModel
 from frontend.errors import APIError
 
 Task = Literal["generate", "embed"]
@@ -38,9 +39,19 @@ def use_model(request: Request, job: Job, model: str | None) -> None:
     names (on the default model): one loaded at start-up by name, one loaded at run time by its
     tensors."""
     state = request.app.state
-    job.served = state.served_models.get(model) if model is not None else None
+    job.served = served_model(request, model)
     job.lora_name = model if model in state.lora_adapters else None
     job.lora = state.runtime_adapters.get(model) if model is not None else None
+
+
+def served_model(request: Request, model: str | None) -> ServedModel | None:
+    """The generative model a resolved name runs on; None: the default model (also for adapters)."""
+    return request.app.state.served_models.get(model) if model is not None else None
+
+
+def triton_model(request: Request, model: str | None, kind: str) -> str:
+    """The Triton name of `kind` (contract.PREPROCESSING, …) of the model a resolved name runs on."""
+    return (served.models if (served := served_model(request, model)) else DEFAULT).triton_name(kind)
 
 
 def resolve_model(request: Request, name: str | None, task: Task) -> str:

@@ -44,12 +44,13 @@ def _refuse(status: int, message: str, param: str) -> APIError:
 def _check_new_name(request: Request, name: str) -> None:
     state = request.app.state
     if not name.strip() or len(name) > _NAME_LIMIT or name != name.strip():
-        raise _refuse(400, f"name: 1 to {_NAME_LIMIT} characters, no leading or trailing spaces", "name")
+        message = f"model: a name of 1 to {_NAME_LIMIT} characters, no leading or trailing spaces"
+        raise _refuse(400, message, "model")
     if name in state.served_models:
         what = "is loading" if state.served_models[name].loading else "is already served"
-        raise _refuse(400, f"the model '{name}' {what}: unload it first", "name")
+        raise _refuse(400, f"the model '{name}' {what}: unload it first", "model")
     if name in served(request):
-        raise _refuse(400, f"'{name}' is the name of a served model or adapter: choose another", "name")
+        raise _refuse(400, f"'{name}' is the name of a served model or adapter: choose another", "model")
 
 
 def _checkpoint(request: Request, model_dir: str) -> Path:
@@ -73,9 +74,9 @@ def _model_set(request: Request, name: str, model_dir: Path) -> ModelSet:
     state = request.app.state
     model = ModelSet(name, str(model_dir), prefix_for(name, first=False))
     try:
-        check_unique([*(m.models for m in state.served_models.values()), model], "name")
+        check_unique([*(m.models for m in state.served_models.values()), model], "model")
     except ConfigError as error:
-        raise _refuse(400, str(error), "name") from None
+        raise _refuse(400, str(error), "model") from None
     return model
 
 
@@ -103,17 +104,17 @@ def _card(request: Request, model: ServedModel) -> dict:
             "root": model.models.model_dir}  # fmt: skip
 
 
-@router.post("/v1/models/{name}/load")
-async def load_model(name: str, body: LoadModelRequest, request: Request) -> dict:
-    """Serve the checkpoint at `model_dir` (under MODEL_ALLOWED_DIRS) as the model `name`."""
+@router.post("/v1/models/{model}/load")
+async def load_model(model: str, body: LoadModelRequest, request: Request) -> dict:
+    """Serve the checkpoint at `model_dir` (under MODEL_ALLOWED_DIRS) as the model named `model`."""
     state = request.app.state
     if not state.model_repository:
         raise _refuse(400, "loading models is off: the server sets no MODEL_REPOSITORY", "model_dir")
-    _check_new_name(request, name)
-    model = ServedModel(_model_set(request, name, _checkpoint(request, body.model_dir)), loading=True)
-    state.served_models[name] = model  # requests for it: 503 until it serves
-    await asyncio.shield(_serve(request, model))  # a client gone does not stop it halfway
-    return _card(request, model)
+    _check_new_name(request, model)
+    served_model = ServedModel(_model_set(request, model, _checkpoint(request, body.model_dir)), loading=True)
+    state.served_models[model] = served_model  # requests for it: 503 until it serves
+    await asyncio.shield(_serve(request, served_model))  # a client gone does not stop it halfway
+    return _card(request, served_model)
 
 
 async def _serve(request: Request, model: ServedModel) -> None:
@@ -129,23 +130,24 @@ async def _serve(request: Request, model: ServedModel) -> None:
     log.info("model %r loaded from %s in %.1f s", model.name, model.models.model_dir, elapsed)
 
 
-@router.post("/v1/models/{name}/unload")
-async def unload_model(name: str, request: Request) -> dict:
-    """Stop serving `name`; answers once the requests running on it have finished."""
+@router.post("/v1/models/{model}/unload")
+async def unload_model(model: str, request: Request) -> dict:
+    """Stop serving the model named `model`; answers once the requests running on it have finished."""
     state = request.app.state
-    model = state.served_models.get(name)
-    if model is None:
+    served_model = state.served_models.get(model)
+    if served_model is None:
         known = ", ".join(f"'{n}'" for n in state.served_models)
-        raise _refuse(404, f"the model '{name}' is not served; the generative models are {known}", "name")
-    if name == state.model_name:
-        raise _refuse(400, f"'{name}' is the default model (the first of MODEL_DIRS): it stays", "name")
-    if model.loading:
-        raise _refuse(400, f"the model '{name}' is loading: unload it once it serves", "name")
-    del state.served_models[name]  # new requests: 404
-    await model.in_use.idle()
-    for triton_name in reversed(model.models.triton_names()):  # the ensemble first
+        message = f"the model '{model}' is not served; the generative models are {known}"
+        raise _refuse(404, message, "model")
+    if model == state.model_name:
+        raise _refuse(400, f"'{model}' is the default model (the first of MODEL_DIRS): it stays", "model")
+    if served_model.loading:
+        raise _refuse(400, f"the model '{model}' is loading: unload it once it serves", "model")
+    del state.served_models[model]  # new requests: 404
+    await served_model.in_use.idle()
+    for triton_name in reversed(served_model.models.triton_names()):  # the ensemble first
         await state.triton.unload(triton_name)
     if state.model_repository:
-        await asyncio.to_thread(repository.remove_model, Path(state.model_repository), model.models)
-    log.info("model %r unloaded", name)
-    return {"id": name, "object": "model", "deleted": True}
+        await asyncio.to_thread(repository.remove_model, Path(state.model_repository), served_model.models)
+    log.info("model %r unloaded", model)
+    return {"id": model, "object": "model", "deleted": True}
