@@ -441,6 +441,7 @@ class FrontendConfig:
                     f.name,
                     f"one of {', '.join(f.metadata['choices'])}",
                 )
+        self.served_models()  # MODEL_DIRS' entries and names, checked once here
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ConfigError("SSL_CERTFILE and SSL_KEYFILE must be set together")
         if self.ssl_ca_certs and not self.ssl_certfile:

@@ -6,6 +6,7 @@ through the admin routes while requests on the other models keep running, none f
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import threading
 import time
@@ -55,10 +56,16 @@ def text(response: httpx.Response) -> str:
     return response.json()["choices"][0]["text"]
 
 
+@functools.cache
+def checkpoint(model_dir: Path) -> tuple:
+    return AutoTokenizer.from_pretrained(model_dir), AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32
+    )
+
+
 def greedy(model_dir: Path, prompt: str) -> str:
     """The checkpoint's own greedy continuation (float32 transformers), as text."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer, model = checkpoint(model_dir)
     inputs = tokenizer(prompt, return_tensors="pt")
     with torch.inference_mode():
         out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
@@ -112,7 +119,7 @@ class Traffic:
         self.threads = [threading.Thread(target=self._run, args=(m,)) for m in models]
 
     def _run(self, model: str) -> None:
-        while not self.stopped.is_set():
+        while not self.stopped.wait(0.2):  # steady, leaving the 2 CPU cores room to load models
             self.statuses.append(complete(self.servers, model, "Once upon a time", 4).status_code)
 
     def __enter__(self) -> Traffic:

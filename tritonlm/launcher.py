@@ -368,8 +368,9 @@ class Supervisor:
         ]
         self.frontend: subprocess.Popen | None = None
         self.stopping = False
-        # One repository for every replica; the frontend writes models loaded at run time into it.
-        self.repository = log_dir / "repository"
+        # One repository for every replica (this run's: another launcher in this checkout keeps its
+        # own); the frontend writes models loaded at run time into it.
+        self.repository = log_dir / f"repository-{run}"
         self.config = replace(self.config, model_repository=str(self.repository))
 
     @property
@@ -474,6 +475,7 @@ class Supervisor:
         for replica in self.replicas:
             if replica.process is not None:
                 processes.stop(replica.process, TRITON_STOP_TIMEOUT_S)
+        shutil.rmtree(self.repository, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,12 +62,12 @@ def parse_model_dirs(entries: tuple[str, ...], setting: str = "MODEL_DIRS") -> l
     The name defaults to the directory's (as SERVED_MODEL_NAME does for MODEL_DIR)."""
     models: list[ModelSet] = []
     for entry in entries:
-        name, _, path = entry.strip().partition("=")
-        if not path or "/" in name:  # no NAME= (a path may hold "=" too)
+        name, equals, path = entry.strip().partition("=")
+        if not equals or "/" in name:  # no NAME= (a path may hold "=" too)
             name, path = "", entry.strip()
-        if not path:
+        if not path.strip():
             raise ConfigError(f"{setting}: the entry {entry!r} has no path; write [NAME=]PATH")
-        resolved = Path(path).expanduser().resolve()
+        resolved = Path(path.strip()).expanduser().resolve()
         name = name.strip() or resolved.name
         models.append(ModelSet(name, str(resolved), prefix_for(name, first=not models)))
     check_unique(models, setting)
