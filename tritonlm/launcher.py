@@ -130,8 +130,8 @@ def start_triton(
     """tritonserver in its own process group (its Python stubs join it), signalled when we die.
     `config`: the settings its models read too (MEDIA_*, EMBED_MODEL_DIR, MODEL_DIRS); None: the
     environment's. It serves `model_dir`, or MODEL_DIRS' models, from `repository`, written for them
-    when None (at MODEL_REPOSITORY, else beside `log_path`), loading exactly those models (explicit
-    model control)."""
+    when None (at MODEL_REPOSITORY, else beside `log_path`), loading every model in it (explicit
+    model control: a replica restarted after a model was loaded at run time loads it too)."""
     config = config or FrontendConfig.load()
     models = served_models(config, model_dir)
     if repository is None:
@@ -145,7 +145,7 @@ def start_triton(
     command += [
         f"--model-repository={repository}",
         "--model-control-mode=explicit",  # models load and unload at run time (frontend/admin)
-        *(f"--load-model={name}" for name in model_repository.names(models)),
+        "--load-model=*",
         f"--http-port={ports.http}",
         f"--grpc-port={ports.grpc}",
         f"--metrics-port={ports.metrics}",

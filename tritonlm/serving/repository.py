@@ -5,8 +5,9 @@ its adapter `1/model.py`). For a run, `write` makes a repository with one copy o
 kind per served model under that model's Triton names (tritonlm.serving.model_set), each pointed at
 its checkpoint (the `model_dir` parameter) and, for the engine, given its share of the KV-cache
 memory; the ensemble's steps name that model's own models. The embedding model is written once.
-tritonserver runs with explicit model control, loading exactly `names(...)`; the admin route adds a
-model at run time with `write_model` and Triton's load.
+tritonserver runs with explicit model control and loads every model in it (`--load-model=*`); the
+admin route adds a model at run time with `write_model` and Triton's load, and takes it away with
+Triton's unload and `remove_model`.
 """
 
 from __future__ import annotations
@@ -67,8 +68,3 @@ def write(root: Path, models: list[ModelSet], kv_shares: dict[str, float]) -> tu
         names += write_model(root, model, kv_shares.get(model.name, 1.0))
     _write_kind(root, EMBEDDING, EMBEDDING, (SOURCE / EMBEDDING / "config.pbtxt").read_text())
     return (*names, EMBEDDING)
-
-
-def names(models: list[ModelSet]) -> tuple[str, ...]:
-    """Every Triton model of `models`, then the embedding model."""
-    return (*(n for m in models for n in m.triton_names()), EMBEDDING)
