@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -15,8 +15,9 @@ from frontend.chat_tools.reply import check_parsers
 from frontend.config import FrontendConfig
 from frontend.databricks import routes as databricks
 from frontend.embeddings import routes as embeddings
+from frontend.engine_client.served import ServedModel
 from frontend.engine_client.steps import Triton
-from frontend.engine_client.triton import MODELS
+from frontend.engine_client.triton import EMBEDDING
 from frontend.errors import APIError
 from frontend.media import MediaSources
 from frontend.models import served
@@ -67,7 +68,9 @@ def create_app(
             await client.close()
 
     app = FastAPI(title="tritonlm", lifespan=lifespan)
-    app.state.model_name = config.model_name()
+    served_models = [ServedModel(model) for model in config.served_models()]
+    app.state.served_models = {model.name: model for model in served_models}
+    app.state.model_name = served_models[0].name  # the default model
     app.state.model_dir = config.model_dir  # the checkpoint (engine_info: its config.json)
     app.state.embed_model_name = config.embed_name()
     app.state.lora_adapters = tuple(lora_adapters or ())
@@ -89,9 +92,10 @@ def create_app(
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, str]:
-        if not await request.app.state.triton.ready(MODELS):
+        names = triton_models(request.app.state.served_models.values())
+        if not await request.app.state.triton.ready(names):
             expected = f" (server id {server_id})" if server_id else ""
-            models = ", ".join(MODELS)
+            models = ", ".join(names)
             message = f"Triton{expected} not serving at {triton_url}, or models not ready: {models}"
             raise APIError(503, message, "unhealthy")
         return {"status": "ok"}
@@ -109,7 +113,7 @@ def create_app(
             cards.append(card)
         return {"object": "list", "data": cards}
 
-    install_admin(app, config)  # ADMIN_API_KEY: loading LoRA adapters at run time
+    install_admin(app, config)  # ADMIN_API_KEY: loading LoRA adapters and models at run time
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
     app.include_router(anthropic.router)
@@ -118,6 +122,13 @@ def create_app(
     app.include_router(embeddings.router)
     app.include_router(tokenize.router)
     return app
+
+
+def triton_models(served_models: Iterable[ServedModel]) -> tuple[str, ...]:
+    """The Triton models /health waits for: every served model's that is not loading, the
+    embedding model; a text-only server's encoders included, as they always load."""
+    names = [name for model in served_models if not model.loading for name in model.models.triton_names()]
+    return (*names, EMBEDDING)
 
 
 async def engine_lora_adapters(client: Triton) -> tuple[str, ...]:

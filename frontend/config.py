@@ -29,6 +29,7 @@ from tritonlm.config import _TRUE as TRUE
 from tritonlm.config import ConfigError  # one error for every bad setting, the engine's included
 from tritonlm.embedding import config as embedding_config
 from tritonlm.multimodal.limits import MediaLimits
+from tritonlm.serving.model_set import ModelSet, parse_model_dirs
 from tritonlm.text import chat_format
 
 # 4M characters of prompt may take up to 4 bytes each in UTF-8, more when JSON-escaped: 32 MiB leaves
@@ -140,6 +141,39 @@ class FrontendConfig:
         "the model name the APIs report",
         shown="MODEL_DIR's directory name, else `tritonlm`",
         flags=("--served-model-name",),
+    )
+    model_dirs: tuple[str, ...] = _setting(
+        (),
+        "MODEL_DIRS",
+        "--model-dirs",
+        "several generative models in one server: comma-separated `[NAME=]PATH` (the name defaults to "
+        "the directory's); the first is the default model, each a `model` of every API",
+        shown="none: MODEL_DIR alone",
+    )
+    model_kv_shares: tuple[str, ...] = _setting(
+        (),
+        "MODEL_KV_SHARES",
+        "--model-kv-shares",
+        "launcher, with MODEL_DIRS: comma-separated `NAME=FRACTION`, a model's share of the KV-cache "
+        "memory; the models not named split the rest evenly",
+        shown="an even split",
+    )
+    model_allowed_dirs: tuple[str, ...] = _setting(
+        (),
+        "MODEL_ALLOWED_DIRS",
+        "--model-allowed-dirs",
+        f"directories (`{os.pathsep}`-separated) POST /v1/models/{{name}}/load may load checkpoints from "
+        "(resolved: `..` and symlinks cannot leave them)",
+        shown="the parent directories of MODEL_DIRS (or MODEL_DIR)",
+        sep=os.pathsep,
+    )
+    model_repository: str = _setting(
+        "",
+        "MODEL_REPOSITORY",
+        "--model-repository",
+        "the model repository tritonserver runs, where loading a model at run time writes it (the "
+        "launcher sets it)",
+        shown="none: loading models refused",
     )
     embed_model_dir: str = _setting(
         "",
@@ -338,6 +372,21 @@ class FrontendConfig:
             return self.served_model_name
         return Path(self.model_dir).resolve().name if self.model_dir else "tritonlm"
 
+    def served_models(self) -> list[ModelSet]:
+        """The generative models, the default one first: MODEL_DIRS, else MODEL_DIR's model alone."""
+        if self.model_dirs:
+            return parse_model_dirs(self.model_dirs)
+        model_dir = str(Path(self.model_dir).resolve()) if self.model_dir else ""
+        return [ModelSet(self.model_name(), model_dir)]
+
+    def allowed_model_dirs(self) -> list[Path]:
+        """Where models may be loaded from at run time: MODEL_ALLOWED_DIRS, else the served
+        checkpoints' parent directories."""
+        if self.model_allowed_dirs:
+            return [Path(d).resolve() for d in self.model_allowed_dirs]
+        parents = [Path(m.model_dir).parent for m in self.served_models() if m.model_dir]
+        return list(dict.fromkeys(parents))
+
     def embed_name(self) -> str:
         return embedding_config.served_name(self.embed_model_name, self.embed_model_dir)
 
@@ -392,6 +441,7 @@ class FrontendConfig:
                     f.name,
                     f"one of {', '.join(f.metadata['choices'])}",
                 )
+        self.served_models()  # MODEL_DIRS' entries and names, checked once here
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ConfigError("SSL_CERTFILE and SSL_KEYFILE must be set together")
         if self.ssl_ca_certs and not self.ssl_certfile:

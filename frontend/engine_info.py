@@ -1,7 +1,7 @@
 """The engine's settings as the engine reads them, for routes that report them (vLLM's
 `max_model_len`, TGI's `GET /info`): its config.pbtxt parameters asked of Triton, this process's
 TRITONLM_* variables (the launcher shares them with tritonserver), resolved against the checkpoint.
-Read once per app."""
+Read once per engine."""
 
 from __future__ import annotations
 
@@ -9,19 +9,27 @@ from dataclasses import replace
 
 from fastapi import Request
 
+from frontend.engine_client.served import DEFAULT, ServedModel
 from frontend.errors import APIError
 from tritonlm.config import ConfigError, EngineConfig
+from tritonlm.serving.contract import ENGINE
 
 
-async def engine_config(request: Request) -> EngineConfig:
+async def engine_config(request: Request, served: ServedModel | None = None) -> EngineConfig:
+    """The settings of `served`'s engine (None: the default model's), read once per engine."""
     state = request.app.state
-    cached = getattr(state, "engine_config", None)
-    if cached is not None:
-        return cached
-    config = EngineConfig.from_parameters(await state.triton.model_parameters("engine"))
+    models = served.models if served is not None else DEFAULT
+    engine = models.triton_name(ENGINE)
+    if getattr(state, "engine_configs", None) is None:
+        state.engine_configs = {}
+    cache: dict[tuple[str, str], EngineConfig] = state.engine_configs
+    key = (engine, models.model_dir)  # a model loaded again from elsewhere is read again
+    if key in cache:
+        return cache[key]
+    config = EngineConfig.from_parameters(await state.triton.model_parameters(engine))
     try:
         config = replace(config, model_dir=config.model_dir or state.model_dir).resolved()
     except (ConfigError, OSError) as error:
         raise APIError(503, f"the engine's settings cannot be read: {error}", "unavailable") from None
-    state.engine_config = config
+    cache[key] = config
     return config

@@ -1,6 +1,8 @@
-"""The two served models and which requests each answers: one helper checks a request's model name.
+"""The served models and which requests each answers: one helper checks a request's model name.
 
-`app.state.model_name` is the generative model (TGI, chat, completions); `app.state.lora_adapters`
+`app.state.served_models` are the generative models (name -> ServedModel, MODEL_DIRS' order, plus
+those loaded at run time); `app.state.model_name` is the first, the default one (TGI's `POST /`, a
+request without a model); `app.state.lora_adapters`
 the LoRA adapters served on it by name (each also a generative model: the name selects the adapter),
 `app.state.runtime_adapters` those loaded at run time (frontend/admin: name -> RuntimeAdapter);
 `app.state.embed_model_name` the embedding model. Every OpenAI or Databricks route resolves the name
@@ -14,6 +16,7 @@ from typing import Literal
 from fastapi import Request
 
 from frontend.engine_client.request import Job
+from frontend.engine_client.served import DEFAULT, ServedModel
 from frontend.errors import APIError
 
 Task = Literal["generate", "embed"]
@@ -25,17 +28,30 @@ _CANNOT = {"generate": "generate text", "embed": "make embeddings"}
 def served(request: Request) -> dict[str, Task]:
     """Served model names and their task, the generative model first."""
     state = request.app.state
-    names = (*state.lora_adapters, *state.runtime_adapters)
-    adapters: dict[str, Task] = {name: "generate" for name in names}
-    return {state.model_name: "generate", **adapters, state.embed_model_name: "embed"}
+    models = [name for name, model in state.served_models.items() if not model.loading]
+    names = (*models, *state.lora_adapters, *state.runtime_adapters)
+    generative: dict[str, Task] = {name: "generate" for name in names}
+    return {**generative, state.embed_model_name: "embed"}
 
 
-def use_adapter(request: Request, job: Job, model: str | None) -> None:
-    """Points `job` at the LoRA adapter a resolved model name selects: one loaded at start-up by
-    name, one loaded at run time by its tensors; neither for the base model."""
+def use_model(request: Request, job: Job, model: str | None) -> None:
+    """Points `job` at the served model a resolved model name selects, or at the LoRA adapter it
+    names (on the default model): one loaded at start-up by name, one loaded at run time by its
+    tensors."""
     state = request.app.state
+    job.served = served_model(request, model)
     job.lora_name = model if model in state.lora_adapters else None
     job.lora = state.runtime_adapters.get(model) if model is not None else None
+
+
+def served_model(request: Request, model: str | None) -> ServedModel | None:
+    """The generative model a resolved name runs on; None: the default model (also for adapters)."""
+    return request.app.state.served_models.get(model) if model is not None else None
+
+
+def triton_model(request: Request, model: str | None, kind: str) -> str:
+    """The Triton name of `kind` (contract.PREPROCESSING, …) of the model a resolved name runs on."""
+    return (served.models if (served := served_model(request, model)) else DEFAULT).triton_name(kind)
 
 
 def resolve_model(request: Request, name: str | None, task: Task) -> str:
@@ -45,6 +61,9 @@ def resolve_model(request: Request, name: str | None, task: Task) -> str:
     wanted = next(n for n, t in models.items() if t == task)
     if name is None or name == wanted:
         return wanted
+    loading = request.app.state.served_models.get(name)
+    if loading is not None and loading.loading:  # the error handler adds Retry-After
+        raise APIError(503, f"the model '{name}' is loading; retry shortly", "unavailable", param="model")
     if models.get(name) == task:  # a LoRA adapter of the generative model
         return name
     if name in models:

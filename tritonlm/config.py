@@ -91,6 +91,11 @@ class EngineConfig:
         "share of the GPU memory free after loading the model; on CPU of MemAvailable, at most "
         "`2 × max_num_seqs × max_seq_len` tokens",
     )
+    kv_cache_share: float = _setting(
+        1.0,
+        "1 (the launcher: MODEL_KV_SHARES)",
+        "this model's share of that KV-cache memory when several models share the server",
+    )
     enable_prefix_caching: bool = _setting(
         True,
         "`true`",
@@ -222,10 +227,10 @@ class EngineConfig:
         blocks = self.kv_cache_blocks
         if not blocks:
             if device_type == "cuda":
-                budget = (self.kv_cache_memory_fraction or 0.9) * free_bytes
+                budget = (self.kv_cache_memory_fraction or 0.9) * self.kv_cache_share * free_bytes
             else:
                 cap = 2 * self.max_num_seqs * self.max_seq_len // self.block_size * bytes_per_block
-                budget = min((self.kv_cache_memory_fraction or 0.2) * free_bytes, cap)
+                budget = min((self.kv_cache_memory_fraction or 0.2) * self.kv_cache_share * free_bytes, cap)
             blocks = max(int(budget // bytes_per_block), 1)
         if blocks * self.block_size < self.max_seq_len:
             raise ConfigError(
@@ -301,6 +306,7 @@ class EngineConfig:
             "empty (off), `[ngram]` or a checkpoint directory (with a config.json)",
         )
         need(0.0 <= self.kv_cache_memory_fraction <= 1.0, "kv_cache_memory_fraction", "in [0, 1]")
+        need(0.0 < self.kv_cache_share <= 1.0, "kv_cache_share", "in (0, 1]")
         need(0.0 < self.watermark_gamma <= 1.0, "watermark_gamma", "in (0, 1]")
         need(
             math.isfinite(self.watermark_delta) and self.watermark_delta >= 0.0,

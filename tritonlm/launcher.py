@@ -36,7 +36,9 @@ from frontend.config import FrontendConfig
 from tritonlm import processes, setup
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
-from tritonlm.serving import contract
+from tritonlm.serving import contract, model_set
+from tritonlm.serving import repository as model_repository
+from tritonlm.serving.model_set import ModelSet
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "model_repository"
@@ -123,17 +125,27 @@ def start_triton(
     work_dir: Path = ROOT / ".triton",
     server_id: str = "triton",
     config: FrontendConfig | None = None,
+    repository: Path | None = None,
 ) -> subprocess.Popen:
     """tritonserver in its own process group (its Python stubs join it), signalled when we die.
-    `config`: the settings its models read too (MEDIA_*, EMBED_MODEL_DIR); None: the environment's."""
+    `config`: the settings its models read too (MEDIA_*, EMBED_MODEL_DIR, MODEL_DIRS); None: the
+    environment's. It serves `model_dir`, or MODEL_DIRS' models, from `repository`, written for them
+    when None (at MODEL_REPOSITORY, else beside `log_path`), loading every model in it (explicit
+    model control: a replica restarted after a model was loaded at run time loads it too)."""
     config = config or FrontendConfig.load()
+    models = served_models(config, model_dir)
+    if repository is None:
+        repository = Path(config.model_repository or log_path.parent / f"repository-{server_id}")
+        write_repository(repository, models, config)
     command, env = triton_command(work_dir)
     env.update(config.environment())
-    env["MODEL_DIR"] = str(model_dir)
+    env["MODEL_DIR"] = models[0].model_dir
     if config.embed_model_dir:  # the embedding model may run in another working directory
         env["EMBED_MODEL_DIR"] = str(Path(config.embed_model_dir).resolve())
     command += [
-        f"--model-repository={REPOSITORY}",
+        f"--model-repository={repository}",
+        "--model-control-mode=explicit",  # models load and unload at run time (frontend/admin)
+        "--load-model=*",
         f"--http-port={ports.http}",
         f"--grpc-port={ports.grpc}",
         f"--metrics-port={ports.metrics}",
@@ -144,6 +156,19 @@ def start_triton(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:  # the child keeps its own descriptor
         return processes.spawn(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def served_models(config: FrontendConfig, model_dir: Path) -> list[ModelSet]:
+    """MODEL_DIRS' models; without it, `model_dir` served under the configured name."""
+    if config.model_dirs:
+        return config.served_models()
+    name = config.served_model_name or model_dir.resolve().name
+    return [ModelSet(name, str(model_dir.resolve()))]
+
+
+def write_repository(repository: Path, models: list[ModelSet], config: FrontendConfig) -> None:
+    """The repository for `models`, each engine with its MODEL_KV_SHARES share."""
+    model_repository.write(repository, models, model_set.kv_shares(models, config.model_kv_shares))
 
 
 def start_frontend(
@@ -249,6 +274,25 @@ def resolve_model_dir(config: FrontendConfig) -> Path:
     return setup.prepare_model(model)  # what `make setup` and the image's build prepare
 
 
+def with_served_models(config: FrontendConfig) -> tuple[FrontendConfig, list[ModelSet]]:
+    """The generative models to serve (MODEL_DIRS, else MODEL_DIR / MODEL's one), and `config` with
+    MODEL_DIR and SERVED_MODEL_NAME naming the first, the default model."""
+    if config.model_dirs:
+        if config.model_dir:
+            raise ConfigError("set MODEL_DIRS or MODEL_DIR, not both (MODEL_DIRS' first is the default)")
+        models = config.served_models()
+        for model in models:
+            if not (Path(model.model_dir) / "config.json").is_file():
+                raise ConfigError(
+                    f"MODEL_DIRS: {model.name}: no checkpoint (config.json) in {model.model_dir}"
+                )
+    else:
+        model_dir = resolve_model_dir(config)
+        models = [ModelSet(config.served_model_name or model_dir.name, str(model_dir))]
+    first = models[0]
+    return replace(config, model_dir=first.model_dir, served_model_name=first.name), models
+
+
 def engine_config(model_dir: Path) -> EngineConfig:
     """The engine's settings for `model_dir`: its config.pbtxt and the TRITONLM_* variables (which
     the tritonservers inherit)."""
@@ -324,6 +368,10 @@ class Supervisor:
         ]
         self.frontend: subprocess.Popen | None = None
         self.stopping = False
+        # One repository for every replica (this run's: another launcher in this checkout keeps its
+        # own); the frontend writes models loaded at run time into it.
+        self.repository = log_dir / f"repository-{run}"
+        self.config = replace(self.config, model_repository=str(self.repository))
 
     @property
     def triton(self) -> subprocess.Popen | None:
@@ -350,7 +398,7 @@ class Supervisor:
         log = self.log_dir / replica.log_name
         work_dir = self.log_dir
         replica.process = start_triton(
-            replica.ports, self.model_dir, log, work_dir, replica.server_id, self.config
+            replica.ports, self.model_dir, log, work_dir, replica.server_id, self.config, self.repository
         )
         url = f"http://127.0.0.1:{replica.ports.http}/v2"
 
@@ -361,6 +409,7 @@ class Supervisor:
 
     def start(self) -> bool:
         """Starts all and waits until they serve; False if a stop was asked meanwhile."""
+        write_repository(self.repository, served_models(self.config, self.model_dir), self.config)
         for replica in self.replicas:  # one at a time: loading models is CPU-heavy
             if not self._start_triton(replica):
                 return False
@@ -426,6 +475,7 @@ class Supervisor:
         for replica in self.replicas:
             if replica.process is not None:
                 processes.stop(replica.process, TRITON_STOP_TIMEOUT_S)
+        shutil.rmtree(self.repository, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,15 +496,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         config = FrontendConfig.from_args(args)
-        model_dir = resolve_model_dir(config)
+        config, models = with_served_models(config)
+        model_dir = Path(models[0].model_dir)
         # The engine's settings as the engine will read them: a bad TRITONLM_* value fails here, at
         # once, instead of as a model that does not load.
         engine = engine_config(model_dir)
+        for model in models[1:]:
+            engine_config(Path(model.model_dir))
+        model_set.kv_shares(models, config.model_kv_shares)
         embed_dir = embedding_config.model_dir(config.embed_model_dir)  # fails early, with a hint
-        config = replace(config, model_dir=str(model_dir))
         ports = Ports.from_config(config)
         supervisor = Supervisor(
-            ports, model_dir, config.model_name(), replicas=config.triton_replicas, config=config
+            ports, model_dir, models[0].name, replicas=config.triton_replicas, config=config
         )
         supervisor.check_ports()
         triton_command(supervisor.log_dir)  # setup problems, before anything starts
@@ -465,14 +518,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, supervisor.request_stop)
     print(
         f"tritonserver starting (log: .triton/tritonserver.log), model: {model_dir} "
-        f"(max_seq_len {engine.max_seq_len}), embedding model: {embed_dir}",
+        f"(max_seq_len {engine.max_seq_len})"
+        + "".join(f", {m.name}: {m.model_dir}" for m in models[1:])
+        + f", embedding model: {embed_dir}",
         flush=True,
     )
     try:
         if not supervisor.start():
             return 0
         print(
-            f"serving {supervisor.served_name} and {config.embed_name()}: "
+            f"serving {', '.join(m.name for m in models)} and {config.embed_name()}: "
             f"HTTP API {frontend_health(ports, config)[0].removesuffix('/health')}  "
             f"Triton HTTP {ports.http}, gRPC {ports.grpc}, metrics {ports.metrics}"
             + (

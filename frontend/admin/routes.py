@@ -7,12 +7,13 @@ from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI
 
-from frontend.admin import lora
+from frontend.admin import lora, models
 from frontend.admin.auth import require_admin_key
 from frontend.config import FrontendConfig
 
 router = APIRouter(dependencies=[Depends(require_admin_key)])
 router.include_router(lora.router)
+router.include_router(models.router)
 
 
 def install(app: FastAPI, config: FrontendConfig) -> None:
@@ -22,4 +23,6 @@ def install(app: FastAPI, config: FrontendConfig) -> None:
         return
     app.state.admin_key = config.admin_api_key.encode()
     app.state.lora_allowed_dirs = [Path(d).resolve() for d in config.lora_allowed_dirs]
+    app.state.model_allowed_dirs = config.allowed_model_dirs()
+    app.state.model_repository = config.model_repository
     app.include_router(router)

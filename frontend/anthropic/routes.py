@@ -22,7 +22,7 @@ from frontend.engine_client.steps import Step, first, generate, prompt_tokens, s
 from frontend.errors import APIError, anthropic_body
 from frontend.media.attach import attach
 from frontend.media.parts import MediaRef
-from frontend.models import resolve_model, use_adapter
+from frontend.models import resolve_model, use_model
 from frontend.openai_api.schema import guide_calls_in_prompt
 from frontend.streaming import EventStream, until_disconnected
 
@@ -33,7 +33,7 @@ router = APIRouter()
 async def _prepared(request: Request, job: Job, refs: list[MediaRef], model: str) -> Job:
     """The job as the chat path runs it: the LoRA adapter its model names, calls held to the
     tools when the template knows none, its images fetched (refused for a text-only model)."""
-    use_adapter(request, job, model)
+    use_model(request, job, model)
     if request.app.state.tools_in_prompt:
         guide_calls_in_prompt(job)
     await attach(request, job, refs, "messages", chat=True)

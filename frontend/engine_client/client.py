@@ -23,6 +23,7 @@ import numpy as np
 
 from frontend.engine_client.lora import engine_stream
 from frontend.engine_client.request import Job
+from frontend.engine_client.served import DEFAULT, ServedModel
 from frontend.engine_client.triton import INPUTS, Triton, tensors
 from tritonlm.serving import contract
 from tritonlm.serving.contract import ENGINE, MULTIMODAL_ENCODER, PREPROCESSING
@@ -53,10 +54,17 @@ def passed_on(model: str, outputs: Arrays) -> Arrays:
 
 
 class EngineClient:
-    """One job's sequences on the engine, over `triton` (a `TritonClient`, a `Router` or a fake)."""
+    """One job's sequences on the engine, over `triton` (a `TritonClient`, a `Router` or a fake),
+    on the Triton models of the job's served model (`Job.served`; None: the default model)."""
 
-    def __init__(self, triton: Triton) -> None:
+    def __init__(self, triton: Triton, served: ServedModel | None = None) -> None:
         self.triton = triton
+        self.served = served
+        self.names = served.models if served is not None else DEFAULT
+
+    def in_use(self) -> contextlib.AbstractContextManager[None]:
+        """While a request runs on the served model (unloading it waits for none)."""
+        return self.served.in_use.held() if self.served is not None else contextlib.nullcontext()
 
     async def encode(self, values: Mapping[str, Any]) -> Arrays:
         """The encoder's outputs for the job's media, passed on ({} without media). The prompt's
@@ -66,31 +74,36 @@ class EngineClient:
         feed = model_inputs(
             MULTIMODAL_ENCODER, {k: v for k, v in values.items() if k not in contract.ENCODER_ANCHORS}
         )
-        return passed_on(MULTIMODAL_ENCODER, await self.triton.infer(MULTIMODAL_ENCODER, feed))
+        encoder = self.names.triton_name(MULTIMODAL_ENCODER)
+        return passed_on(MULTIMODAL_ENCODER, await self.triton.infer(encoder, feed))
 
     async def preprocess(self, values: Mapping[str, Any], encoded: Arrays) -> Arrays:
         """Preprocessing's outputs: the prompt's token ids (and texts), the stop lists, …"""
-        return await self.triton.infer(PREPROCESSING, model_inputs(PREPROCESSING, values, encoded))
+        feed = model_inputs(PREPROCESSING, values, encoded)
+        return await self.triton.infer(self.names.triton_name(PREPROCESSING), feed)
 
     async def prompt(self, job: Job) -> Arrays:
         """Preprocessing's outputs for `job`, its media's positions counted (the encoder's rows)."""
         values = job.values()
-        return await self.preprocess(values, await self.encode(values))
+        with self.in_use():
+            return await self.preprocess(values, await self.encode(values))
 
     async def stream(self, job: Job, index: int, outputs: Iterable[str]) -> AsyncIterator[Arrays]:
         """Sequence `index` of `job`: the engine's responses, each with the `outputs` asked for."""
-        values = job.values(index)
-        encoded = await self.encode(values)
-        preprocessed = passed_on(PREPROCESSING, await self.preprocess(values, encoded))
-        asked = tuple(outputs)
+        with self.in_use():
+            values = job.values(index)
+            encoded = await self.encode(values)
+            preprocessed = passed_on(PREPROCESSING, await self.preprocess(values, encoded))
+            asked = tuple(outputs)
+            engine_name = self.names.triton_name(ENGINE)
 
-        def engine(lora: Arrays) -> AsyncIterator[Arrays]:
-            feed = model_inputs(ENGINE, values, preprocessed, encoded, lora)
-            return self.triton.stream(ENGINE, feed, asked)
+            def engine(lora: Arrays) -> AsyncIterator[Arrays]:
+                feed = model_inputs(ENGINE, values, preprocessed, encoded, lora)
+                return self.triton.stream(engine_name, feed, asked)
 
-        # An adapter loaded at run time goes by task id, with its weights when the engine lacks them.
-        upstream = engine({}) if job.lora is None else engine_stream(job.lora, engine)
-        # aclosing: leaving early closes the engine's stream now, which cancels its request.
-        async with contextlib.aclosing(upstream) as responses:
-            async for response in responses:
-                yield response
+            # A run-time adapter goes by task id, with its weights when the engine lacks them.
+            upstream = engine({}) if job.lora is None else engine_stream(job.lora, engine)
+            # aclosing: leaving early closes the engine's stream now, which cancels its request.
+            async with contextlib.aclosing(upstream) as responses:
+                async for response in responses:
+                    yield response

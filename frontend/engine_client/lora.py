@@ -14,15 +14,15 @@ and ids gRPC users pick below 2**63 never collide with them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from frontend.engine_client.served import InUse
 from frontend.errors import APIError
 
 TASK_ID_BASE = 2**63
@@ -38,13 +38,11 @@ class RuntimeAdapter:
     config: np.ndarray  # lora_config [rows, 3] int32
     task_id: int = 0
     sent: bool = False  # this frontend has sent the weights once
-    users: int = 0  # sequences running with it
-    _idle: asyncio.Event = field(default_factory=asyncio.Event)
+    in_use: InUse = field(default_factory=InUse)  # sequences running with it
 
     def __post_init__(self) -> None:
         digest = hashlib.sha256(self.config.tobytes() + self.weights.tobytes()).digest()
         self.task_id = TASK_ID_BASE + int.from_bytes(digest[:7], "big")
-        self._idle.set()
 
     def values(self, with_weights: bool) -> dict[str, np.ndarray]:
         """The engine's LoRA input arrays: the task id, and the tensors when `with_weights`."""
@@ -53,20 +51,16 @@ class RuntimeAdapter:
             values["lora_weights"], values["lora_config"] = self.weights, self.config
         return values
 
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
+    @property
+    def users(self) -> int:
+        return self.in_use.users
+
+    def held(self) -> contextlib.AbstractContextManager[None]:
         """While a sequence runs with the adapter (unloading waits for `idle`)."""
-        self.users += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self.users -= 1
-            if not self.users:
-                self._idle.set()
+        return self.in_use.held()
 
     async def idle(self) -> None:
-        await self._idle.wait()
+        await self.in_use.idle()
 
 
 async def engine_stream(

@@ -18,6 +18,7 @@ import numpy as np
 
 from frontend.chat_tools.tools import ToolSpec
 from frontend.engine_client.lora import RuntimeAdapter
+from frontend.engine_client.served import ServedModel
 from frontend.errors import APIError
 
 _SEED_SPACE = 2**64
@@ -103,6 +104,7 @@ class Job:
     guide: Guide | None = None  # constrain the output (guided decoding)
     lora_name: str | None = None  # a LoRA adapter the engine loaded at start-up (lora_modules)
     lora: RuntimeAdapter | None = None  # or one loaded at run time (engine_client.lora)
+    served: ServedModel | None = None  # the generative model it runs on; None: the default model
     priority: int = 0  # vLLM's: lower runs first (the engine's scheduling_policy priority)
     # Input embeddings [P, hidden] fed before the prompt's tokens (OpenAI prompt_embeds): the
     # engine's prompt_embedding_table (FP32), selected by P virtual tokens.

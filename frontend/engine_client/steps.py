@@ -237,7 +237,7 @@ async def steps(triton: Triton, job: Job, index: int = 0) -> AsyncGenerator[Step
     """Sequence `index` of `job`, step by step; a model's error is renamed into the job's API."""
     # aclosing: closing this generator must close Triton's stream now (which cancels the request),
     # not whenever the garbage collector gets to it.
-    upstream = EngineClient(triton).stream(job, index, step_outputs(job.with_logprobs))
+    upstream = EngineClient(triton, job.served).stream(job, index, step_outputs(job.with_logprobs))
     tracker = SequenceTracker(counts_prompt=index == 0)  # token counts and timings for logs, metrics
     async with contextlib.aclosing(upstream) as responses:
         try:
@@ -287,7 +287,7 @@ class Prompt:
 
 async def prompt_tokens(triton: Triton, job: Job) -> Prompt:
     try:
-        out = await EngineClient(triton).prompt(job)
+        out = await EngineClient(triton, job.served).prompt(job)
     except APIError as error:
         raise job.named(error) from None
     texts = out.get("input_token_texts", np.array([], dtype=object)).reshape(-1)

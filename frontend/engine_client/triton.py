@@ -41,6 +41,7 @@ from tritonlm.serving.contract import (
     PREPROCESSING,
     Tensor,
 )
+from tritonlm.serving.model_set import kind_of
 
 # The models of model_repository/, as the contract names them (/health waits for all of them).
 MODELS = (ENSEMBLE, PREPROCESSING, ENGINE, POSTPROCESSING, EMBEDDING, MULTIMODAL_ENCODER)
@@ -119,6 +120,12 @@ def classify_error(message: str) -> tuple[int, str]:
     return 500, f"inference failed: {cleaned}"
 
 
+def _clean(message: str) -> str:
+    """A Triton message without its wrappers and the Python traceback."""
+    text = _TRACEBACK.sub("", message).strip()
+    return _WRAPPERS.sub("", text).strip() or text
+
+
 def _error(message: str) -> APIError:
     return APIError(*classify_error(message))
 
@@ -143,7 +150,7 @@ def tensors(model: str, **values: Any) -> dict[str, np.ndarray]:
 
 
 def _inputs(model: str, arrays: dict[str, np.ndarray]) -> list[InferInput]:
-    table = INPUTS[model]
+    table = INPUTS[kind_of(model)]  # a served model's Triton name: its kind's tensors
     result = []
     for name, value in arrays.items():
         spec = table[name]  # KeyError here is a frontend bug: a tensor the contract does not name
@@ -171,6 +178,10 @@ class Triton(Protocol):
     async def ready(self, models: Iterable[str]) -> bool: ...
 
     async def model_parameters(self, model: str) -> dict[str, str]: ...
+
+    async def load(self, model: str) -> None: ...
+
+    async def unload(self, model: str) -> None: ...
 
 
 class TritonClient:
@@ -212,6 +223,19 @@ class TritonClient:
             raise _error(str(exc)) from None
         params = config.get("config", {}).get("parameters", {})
         return {k: v.get("string_value", "") for k, v in params.items()}
+
+    async def load(self, model: str) -> None:
+        """Triton's explicit model control: (re)load `model` from the server's repository."""
+        try:
+            await self._client.load_model(model)
+        except InferenceServerException as exc:
+            raise APIError(500, f"loading the Triton model {model!r} failed: {_clean(str(exc))}") from None
+
+    async def unload(self, model: str) -> None:
+        try:
+            await self._client.unload_model(model)
+        except InferenceServerException as exc:
+            raise APIError(500, f"unloading the Triton model {model!r} failed: {_clean(str(exc))}") from None
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:

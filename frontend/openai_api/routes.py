@@ -22,7 +22,7 @@ from frontend.engine_client.steps import Prompt, Step, first, prompt_tokens, unf
 from frontend.errors import APIError, openai_body
 from frontend.media.attach import attach
 from frontend.media.parts import chat_media
-from frontend.models import resolve_model, use_adapter
+from frontend.models import resolve_model, use_model
 from frontend.openai_api.chat_format import ChatFormat
 from frontend.openai_api.completion_format import CompletionFormat
 from frontend.openai_api.format import Format, Stream
@@ -62,7 +62,7 @@ async def serve(request: Request, fmt: Format, jobs: list[Job]) -> Response:
     ends with `data: [DONE]`. Whatever the client leaves early is cancelled in Triton."""
     triton = request.app.state.triton
     for job in jobs:  # the model name may be a LoRA adapter's
-        use_adapter(request, job, fmt.model)
+        use_model(request, job, fmt.model)
         if isinstance(fmt, ChatFormat) and request.app.state.tools_in_prompt:
             guide_calls_in_prompt(job)
         if job.messages is not None:  # media parts: placeholders for the template, bytes fetched

@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from starlette.responses import Response
 
-from frontend.admin import ADMIN_PATHS
+from frontend.admin import is_admin_path
 from frontend.config import FrontendConfig
 from frontend.ops.access_log import AccessLogMiddleware
 from frontend.ops.auth import ApiKeyMiddleware
@@ -33,8 +33,9 @@ def install(app: FastAPI, settings: FrontendConfig) -> None:
     app.add_middleware(ErrorGuardMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.api_keys:
-        admin = ADMIN_PATHS if settings.admin_api_key else frozenset()  # their own key (frontend/admin)
-        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys, own_key_paths=admin)
+        # The admin routes check their own key (frontend/admin).
+        admin = is_admin_path if settings.admin_api_key else None
+        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys, own_key=admin)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)

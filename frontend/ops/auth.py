@@ -6,6 +6,7 @@ them."""
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from starlette.datastructures import Headers
 from starlette.requests import Request
@@ -27,17 +28,17 @@ def key_matches(given: str, keys: tuple[bytes, ...]) -> bool:
 
 
 class ApiKeyMiddleware:
-    """`own_key_paths`: routes that check a key of their own (the admin routes), let through."""
+    """`own_key`: which paths check a key of their own (the admin routes), let through."""
 
     def __init__(
-        self, app: ASGIApp, keys: tuple[str, ...], own_key_paths: frozenset[str] = frozenset()
+        self, app: ASGIApp, keys: tuple[str, ...], own_key: Callable[[str], bool] | None = None
     ) -> None:
         self.app = app
         self.keys = tuple(k.encode() for k in keys)
-        self.passed = OPEN_PATHS | own_key_paths
+        self.own_key = own_key or (lambda _: False)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.passed:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self.own_key(scope["path"]):
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)

@@ -117,7 +117,7 @@ def document_errors(app: FastAPI) -> None:
                         "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}},
                     }
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        _model_examples(schema, app.state.model_name, app.state.embed_model_name)
+        _model_examples(schema, list(app.state.served_models), app.state.embed_model_name)
         components.update(SCHEMAS)
         for unused in ("HTTPValidationError", "ValidationError"):
             components.pop(unused, None)
@@ -127,10 +127,11 @@ def document_errors(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def _model_examples(schema: dict[str, Any], model: str, embed_model: str) -> None:
+def _model_examples(schema: dict[str, Any], models: list[str], embed_model: str) -> None:
+    """`models`: the generative models' names (those served at start-up)."""
     for name, component in schema.get("components", {}).get("schemas", {}).items():
         if "model" in component.get("properties", {}):
-            names = [embed_model if "Embedding" in name else model]
+            names = [embed_model] if "Embedding" in name else models
             field = component["properties"]["model"]
             if "anyOf" in field:  # optional: null or one of the names
                 field["anyOf"] = [{"type": "string", "enum": names}, {"type": "null"}]
@@ -140,4 +141,4 @@ def _model_examples(schema: dict[str, Any], model: str, embed_model: str) -> Non
         for operation in operations.values():
             for parameter in operation.get("parameters", []):
                 if parameter["in"] == "path" and parameter["name"] == "name":  # a Databricks endpoint
-                    parameter["schema"]["enum"] = [model, embed_model]
+                    parameter["schema"]["enum"] = [*models, embed_model]

@@ -23,7 +23,7 @@ from frontend.chat_tools.reply import reply_reader
 from frontend.engine_client.steps import Generation, Step, first, generate, steps, unfinished
 from frontend.errors import APIError, openai_body
 from frontend.media.attach import attach
-from frontend.models import resolve_model, use_adapter
+from frontend.models import resolve_model, use_model
 from frontend.openai_api.schema import bad_request, guide_calls_in_prompt
 from frontend.responses.convert import Turn, to_turn
 from frontend.responses.format import Envelope, Event, Output, closing, whole
@@ -48,7 +48,7 @@ async def create_response(req: ResponsesRequest, request: Request) -> Response:
         history = _store(request).get(req.previous_response_id, "previous_response_id").conversation
     turn = to_turn(req, history, state.reasoning_parser)
     job = turn.job
-    use_adapter(request, job, model)
+    use_model(request, job, model)
     if state.tools_in_prompt:
         guide_calls_in_prompt(job)
     await attach(request, job, turn.refs, "input", chat=True)

@@ -18,6 +18,7 @@ import numpy as np
 
 from frontend.errors import APIError
 from tritonlm.serving.contract import ENGINE, ENGINE_INPUTS, NUMPY_DTYPES
+from tritonlm.serving.model_set import kind_of
 
 RESUME_TENSOR = "resume_output_len"
 _IDS_DTYPE = NUMPY_DTYPES[next(t.dtype for t in ENGINE_INPUTS if t.name == "input_ids")]
@@ -35,7 +36,7 @@ def _scalar(inputs: Mapping[str, np.ndarray], name: str, default: int) -> int:
 
 def cannot_resume(model: str, inputs: Mapping[str, np.ndarray], wanted: Collection[str] | None) -> str:
     """Why a started stream cannot be continued elsewhere ("" when it can)."""
-    if model != ENGINE:
+    if kind_of(model) != ENGINE:
         return f"a stream of the {model} model"
     if _scalar(inputs, "beam_width", 1) > 1:
         return "a beam search"  # answers once, at the end: never started, so retried whole instead

@@ -245,6 +245,13 @@ class Router:
         self.metrics.failures.labels(url).inc()
         self._mark(url, False)
 
+    async def load(self, model: str) -> None:
+        """Loads `model` on every replica (each runs the same repository)."""
+        await asyncio.gather(*(client.load(model) for client in self.clients.values()))
+
+    async def unload(self, model: str) -> None:
+        await asyncio.gather(*(client.unload(model) for client in self.clients.values()))
+
     async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tried: list[str] = []
         while True:

@@ -33,7 +33,7 @@ from frontend.engine_client.steps import (
 from frontend.errors import APIError
 from frontend.media.attach import attach
 from frontend.media.parts import text_of, tgi_media
-from frontend.models import use_adapter
+from frontend.models import use_model
 from frontend.streaming import EventStream, sse, until_disconnected
 from frontend.tgi.info import info
 from frontend.tgi.schema import ADAPTER_NONE, DEFAULT_MAX_NEW_TOKENS, GenerateRequest
@@ -198,7 +198,7 @@ async def serve(req: GenerateRequest, request: Request, triton: Triton, listed: 
     as `POST /` answers)."""
     p = req.parameters
     job = plan(req)
-    use_adapter(request, job, _adapter(request, p.adapter_id))
+    use_model(request, job, _adapter(request, p.adapter_id))
     await _media(request, req, job)
     if req.stream:
         upstream = steps(triton, job)

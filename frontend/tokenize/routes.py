@@ -19,7 +19,7 @@ from frontend.errors import APIError
 from frontend.field_rules import bounded_text
 from frontend.media.attach import attach
 from frontend.media.parts import chat_media
-from frontend.models import resolve_model, use_adapter
+from frontend.models import resolve_model, triton_model, use_model
 from frontend.openai_api.schema import (
     MAX_PROMPT_CHARS,
     STRICT_BODY,
@@ -95,14 +95,14 @@ class DetokenizeRequest(BaseModel):
 async def tokenize(req: TokenizeRequest, request: Request) -> dict[str, Any]:
     model = resolve_model(request, req.model, "generate")
     job = req.to_job()
-    use_adapter(request, job, model)
+    use_model(request, job, model)
     if job.messages is not None:  # media: placeholders for the template, their rows counted
         job.messages, refs = chat_media(job.messages)
         await attach(request, job, refs, "messages", chat=True)
     prompt = await until_disconnected(request, prompt_tokens(request.app.state.triton, job))
     body: dict[str, Any] = {
         "count": len(prompt.ids),
-        "max_model_len": (await engine_config(request)).max_seq_len,
+        "max_model_len": (await engine_config(request, job.served)).max_seq_len,
         "tokens": prompt.ids,
     }
     if req.return_token_strs:
@@ -112,12 +112,13 @@ async def tokenize(req: TokenizeRequest, request: Request) -> dict[str, Any]:
 
 @router.post("/detokenize")
 async def detokenize(req: DetokenizeRequest, request: Request) -> dict[str, str]:
-    resolve_model(request, req.model, "generate")
+    model = resolve_model(request, req.model, "generate")
     if req.tokens is None:
         raise bad_request("required", "tokens")
+    preprocessing = triton_model(request, model, contract.PREPROCESSING)
     try:
         out = await request.app.state.triton.infer(
-            contract.PREPROCESSING, tensors(contract.PREPROCESSING, token_ids=req.tokens)
+            preprocessing, tensors(contract.PREPROCESSING, token_ids=req.tokens)
         )
     except APIError as error:
         if error.status < 500:  # preprocessing names its tensor: token_ids

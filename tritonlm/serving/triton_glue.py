@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.errors import InvalidRequest
-from tritonlm.serving import contract
+from tritonlm.serving import contract, model_set
 from tritonlm.serving.contract import Tensor
 
 
@@ -35,8 +35,9 @@ def engine_config(args: dict) -> EngineConfig:
     """The engine's settings as the engine reads them (its config.pbtxt, then TRITONLM_* variables),
     resolved against the checkpoint; for the models beside it that must agree with it."""
     here = Path(args["model_repository"])  # this model's directory in the repository
+    engine = model_set.beside(args["model_name"], contract.ENGINE)  # its served model's engine
     try:
-        return EngineConfig.from_config_pbtxt(here.parent / contract.ENGINE / "config.pbtxt").resolved()
+        return EngineConfig.from_config_pbtxt(here.parent / engine / "config.pbtxt").resolved()
     except ConfigError as error:
         raise pb_utils.TritonModelException(f"engine settings: {error}") from None
 
