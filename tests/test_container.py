@@ -150,7 +150,13 @@ def test_kubernetes_serves_the_image_default_model_on_its_ports():
     for port, variable in (("http", "TRITON_HTTP_PORT"), ("grpc", "TRITON_GRPC_PORT")):
         assert triton_ports[port] == int(flags[f"{port}-port"]) == int(env[variable])
     assert triton_ports["metrics"] == int(flags["metrics-port"]) == int(env["TRITON_METRICS_PORT"])
-    assert flags["model-repository"] == f"{arguments('WORKDIR')[0]}/model_repository"
+    # The init container writes the repository tritonserver runs, for the same served models.
+    (writer,) = yaml.safe_load((BASE / "triton-deployment.yaml").read_text())["spec"]["template"]["spec"][
+        "initContainers"
+    ]
+    assert writer["command"][:4] == ["python3", "-m", "tritonlm.launcher", "--write-repository"]
+    assert flags["model-repository"] == writer["command"][4] and writer["env"] == triton["env"]
+    assert {"model-control-mode": "explicit", "load-model": "*"}.items() <= flags.items()
     command = frontend["command"]
     frontend_port = frontend["ports"][0]["containerPort"]
     assert frontend_port == int(command[command.index("--port") + 1]) == int(env["FRONTEND_PORT"])

@@ -65,3 +65,20 @@ def test_the_repository_points_each_model_at_its_checkpoint(tmp_path: Path) -> N
     steps = [step.model_name for step in config("b__ensemble").ensemble_scheduling.step]
     assert steps == ["b__multimodal_encoder", "b__preprocessing", "b__engine", "b__postprocessing"]
     assert config("preprocessing").parameters["model_dir"].string_value == "/m/a"
+
+
+def test_the_launcher_writes_the_repository_alone_for_a_kubernetes_pod(tmp_path: Path) -> None:
+    """`--write-repository` (the Triton pods' init container) writes what `make run` would serve."""
+    from tritonlm import launcher
+
+    tiny = launcher.resolve_model_dir(FrontendConfig.load(env={"MODEL": "tiny"}))
+    env = {"MODEL_DIRS": f"first={tiny},second={tiny}"}
+    config = FrontendConfig.load(env=env)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in env.items():
+            patch.setenv(name, value)
+        patch.delenv("MODEL_DIR", raising=False)
+        assert launcher.main(["--write-repository", str(tmp_path / "repository")]) == 0
+    written = sorted(p.name for p in (tmp_path / "repository").iterdir())
+    assert "second__engine" in written and "engine" in written and "embedding" in written
+    assert [m.name for m in config.served_models()] == ["first", "second"]

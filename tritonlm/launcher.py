@@ -485,6 +485,13 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--check", action="store_true", help="only check that tritonserver can run here")
+    parser.add_argument(
+        "--write-repository",
+        metavar="DIR",
+        type=Path,
+        help="only write the model repository for MODEL_DIRS (or MODEL_DIR / MODEL) into DIR, for a "
+        "tritonserver started by something else (a Kubernetes pod)",
+    )
     args = parser.parse_args(argv)
     if args.check:  # `make setup`: can tritonserver and its Python stub run here?
         try:
@@ -497,6 +504,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = FrontendConfig.from_args(args)
         config, models = with_served_models(config)
+        if args.write_repository:
+            write_repository(args.write_repository, models, config)
+            print(f"model repository for {', '.join(m.name for m in models)}: {args.write_repository}")
+            return 0
         model_dir = Path(models[0].model_dir)
         # The engine's settings as the engine will read them: a bad TRITONLM_* value fails here, at
         # once, instead of as a model that does not load.
