@@ -8,6 +8,7 @@ backends load when asked for.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from tritonlm.worker.attention.base import AttentionBackend
 
 from tritonlm.worker.attention.registry import AUTO, BACKENDS, NAMES
+
+log = logging.getLogger(__name__)
 
 
 def backend_class(name: str) -> type[AttentionBackend]:
@@ -32,9 +35,17 @@ def choose(name: str, device: torch.device) -> type[AttentionBackend]:
     """The backend the setting `attention_backend` = `name` picks on `device`."""
     available = available_backends(device)
     if name == AUTO and available:
+        for better in list(BACKENDS)[: list(BACKENDS).index(available[0])]:  # why not those
+            why = backend_class(better).unavailable(device)
+            log.info("attention_backend auto: %s, not %s (%s)", available[0], better, why)
         return backend_class(available[0])
     if name not in available:
-        why = "unknown" if name not in NAMES else f"not available on {device.type}"
+        if name not in NAMES:
+            why = "unknown"
+        elif name == AUTO:
+            why = f"not available on {device.type}"
+        else:
+            why = backend_class(name).unavailable(device)
         raise ValueError(
             f"attention_backend: {name!r} is {why}; allowed here: {', '.join([AUTO, *available])}"
         )

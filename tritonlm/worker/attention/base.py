@@ -83,6 +83,11 @@ class AttentionBackend(ABC):
         """Whether this backend runs on `device` (in this build of torch and its extensions)."""
         return True
 
+    @classmethod
+    def unavailable(cls, device: torch.device) -> str | None:
+        """Why this backend does not run on `device` (None: it does), for the log."""
+        return None if cls.available(device) else f"not available on {device.type}"
+
     # -- the KV layout ---------------------------------------------------------------------------
     @abstractmethod
     def bytes_per_block(self, shapes: dict[int, LayerShape]) -> int:

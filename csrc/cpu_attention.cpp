@@ -1,0 +1,359 @@
+// Paged decode attention on the CPU: the kernel of tritonlm/worker/attention/cpu_paged.py.
+//
+// Each query row (a decoding sequence's token) attends over the first `row_len` positions of its
+// sequence, read in place from the paged pools `[slots, kv_heads, head_dim]` through its block
+// table (slot = table[p / block_size] * block_size + p % block_size). One task is one (row, key
+// head): the query heads of that group share each key/value row as it is loaded (grouped-query
+// attention). Scores, softmax and the weighted sum are in fp32 whatever the storage (fp32,
+// bf16 or fp16); the softmax is online, one block of positions at a time.
+//
+// Two versions of the same loop: AVX-512F (function-level target, so this file builds with the
+// compiler's default flags and runs anywhere; chosen at run time from cpuid) and plain C++.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TRITONLM_X86 1
+#endif
+
+namespace {
+
+// One call's shapes and pointers (strides in elements).
+struct Problem {
+  const void* keys;
+  const void* values;
+  int64_t kv_heads, dim, block_size, group;
+  const int32_t* tables;
+  int64_t table_stride;
+  const int32_t* row_seq;
+  const int32_t* row_len;
+  const void* query;
+  int64_t q_row, q_head;
+  void* out;
+  int64_t o_row, o_head;
+  float scale;
+};
+
+template <typename T>
+inline float to_float(T x) {
+  return static_cast<float>(x);
+}
+
+// Scratch of one task: q [G][D], acc [G][D], scores [G][padded block], max and sum [G].
+struct Scratch {
+  std::vector<float> buffer;
+  float *q, *acc, *scores, *max, *sum;
+  int64_t padded;
+  Scratch(const Problem& p) {
+    padded = (p.block_size + 15) / 16 * 16;
+    buffer.assign(p.group * (2 * p.dim + padded + 2), 0.f);
+    q = buffer.data();
+    acc = q + p.group * p.dim;
+    scores = acc + p.group * p.dim;
+    max = scores + p.group * padded;
+    sum = max + p.group;
+  }
+};
+
+template <typename T>
+void start_task(const Problem& p, int64_t row, int64_t head, Scratch& s) {
+  const T* q = static_cast<const T*>(p.query) + row * p.q_row;
+  for (int64_t g = 0; g < p.group; ++g) {
+    const T* qh = q + (head * p.group + g) * p.q_head;
+    for (int64_t d = 0; d < p.dim; ++d) s.q[g * p.dim + d] = to_float(qh[d]);
+    std::fill(s.acc + g * p.dim, s.acc + (g + 1) * p.dim, 0.f);
+    s.max[g] = -std::numeric_limits<float>::infinity();
+    s.sum[g] = 0.f;
+  }
+}
+
+template <typename T>
+void finish_task(const Problem& p, int64_t row, int64_t head, const Scratch& s) {
+  T* o = static_cast<T*>(p.out) + row * p.o_row;
+  for (int64_t g = 0; g < p.group; ++g) {
+    T* oh = o + (head * p.group + g) * p.o_head;
+    const float inv = s.sum[g] > 0.f ? 1.f / s.sum[g] : 0.f;
+    for (int64_t d = 0; d < p.dim; ++d) oh[d] = static_cast<T>(s.acc[g * p.dim + d] * inv);
+  }
+}
+
+using Task = void (*)(const Problem&, int64_t, int64_t, Scratch&);
+
+// ---- plain C++ ------------------------------------------------------------------------------
+template <typename T>
+void task_plain(const Problem& p, int64_t row, int64_t head, Scratch& s) {
+  start_task<T>(p, row, head, s);
+  const int64_t len = p.row_len[row], stride = p.kv_heads * p.dim, D = p.dim;
+  const int32_t* table = p.tables + p.row_seq[row] * p.table_stride;
+  for (int64_t start = 0; start < len; start += p.block_size) {
+    const int64_t n = std::min(p.block_size, len - start);
+    const int64_t base = (int64_t)table[start / p.block_size] * p.block_size * stride + head * D;
+    const T* k = static_cast<const T*>(p.keys) + base;
+    const T* v = static_cast<const T*>(p.values) + base;
+    for (int64_t g = 0; g < p.group; ++g) {
+      float* sc = s.scores + g * s.padded;
+      const float* qg = s.q + g * D;
+      float top = s.max[g];
+      for (int64_t i = 0; i < n; ++i) {
+        float dot = 0.f;
+        for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_float(k[i * stride + d]);
+        sc[i] = dot * p.scale;
+        top = std::max(top, sc[i]);
+      }
+      const float correction = std::exp(s.max[g] - top);
+      float total = s.sum[g] * correction;
+      float* acc = s.acc + g * D;
+      for (int64_t d = 0; d < D; ++d) acc[d] *= correction;
+      for (int64_t i = 0; i < n; ++i) {
+        const float w = std::exp(sc[i] - top);
+        total += w;
+        for (int64_t d = 0; d < D; ++d) acc[d] += w * to_float(v[i * stride + d]);
+      }
+      s.max[g] = top;
+      s.sum[g] = total;
+    }
+  }
+  finish_task<T>(p, row, head, s);
+}
+
+// ---- AVX-512F -------------------------------------------------------------------------------
+// Positions go 16 at a time (a "chunk", whatever the block size): 16 scores per query head in one
+// register, one online-softmax update per chunk. G (query heads per key head) and C (head_dim / 16)
+// are compile-time, so the accumulators stay in registers.
+#ifdef TRITONLM_X86
+#define AVX512 __attribute__((target("avx512f")))
+
+AVX512 inline __m512 load16(const float* x) { return _mm512_loadu_ps(x); }
+AVX512 inline __m512 load16(const c10::BFloat16* x) {
+  // bf16 is the top half of an fp32: widen and shift.
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+AVX512 inline __m512 load16(const c10::Half* x) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+
+// e^x for x <= 0 (scores minus their maximum): 2^n * e^r, |r| <= ln2 / 2, degree-7 Taylor
+// polynomial (relative error ~1e-8, below fp32's rounding).
+AVX512 inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-100.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 poly = _mm512_set1_ps(1.f / 5040);
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 720));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 120));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 24));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f / 6));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(0.5f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.f));
+  return _mm512_scalef_ps(poly, n);
+}
+
+// Lane i of the result = the sum of the lanes of v[i]: a transpose-and-add tree (45 instructions
+// for 16 sums, against ~8 each one by one).
+AVX512 inline __m512 sum16(__m512* v) {
+  __m512 w[8], x[4], y[2];
+  for (int j = 0; j < 8; ++j)
+    w[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+  for (int j = 0; j < 4; ++j)
+    x[j] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(w[2 * j], w[2 * j + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int j = 0; j < 2; ++j)
+    y[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// One chunk of n <= 16 positions (rows[i]: position i's key and value row of this head).
+template <typename T, int G, int C>
+AVX512 inline void chunk_avx512(const Problem& p, const T* const* keys, const T* const* values, int n, Scratch& s) {
+  const __mmask16 valid = n == 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
+  alignas(64) float weights[G][16];
+  // Each key row is loaded (and widened) once for the whole group.
+  __m512 q[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) q[g][c] = load16(s.q + g * p.dim + 16 * c);
+  __m512 dots[G][16];
+  for (int i = 0; i < 16; ++i) {
+    __m512 dot[G];
+    for (int g = 0; g < G; ++g) dot[g] = _mm512_setzero_ps();
+    if (i < n) {
+      for (int c = 0; c < C; ++c) {
+        const __m512 kc = load16(keys[i] + 16 * c);
+        for (int g = 0; g < G; ++g) dot[g] = _mm512_fmadd_ps(q[g][c], kc, dot[g]);
+      }
+    }
+    for (int g = 0; g < G; ++g) dots[g][i] = dot[g];
+  }
+  for (int g = 0; g < G; ++g) {
+    const __m512 scores = _mm512_mul_ps(sum16(dots[g]), _mm512_set1_ps(p.scale));
+    const float old = s.max[g];
+    const float best = std::max(old, _mm512_mask_reduce_max_ps(valid, scores));
+    const __m512 w = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(best))));
+    _mm512_store_ps(weights[g], w);
+    float correction = 1.f;
+    if (best > old) correction = _mm512_cvtss_f32(exp16(_mm512_set1_ps(old - best)));
+    s.sum[g] = s.sum[g] * correction + _mm512_reduce_add_ps(w);
+    s.max[g] = best;
+    if (correction != 1.f) {
+      const __m512 factor = _mm512_set1_ps(correction);
+      for (int c = 0; c < C; ++c)
+        _mm512_storeu_ps(s.acc + g * p.dim + 16 * c, _mm512_mul_ps(load16(s.acc + g * p.dim + 16 * c), factor));
+    }
+  }
+  __m512 acc[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) acc[g][c] = load16(s.acc + g * p.dim + 16 * c);
+  for (int i = 0; i < n; ++i) {
+    __m512 weight[G];
+    for (int g = 0; g < G; ++g) weight[g] = _mm512_set1_ps(weights[g][i]);
+    for (int c = 0; c < C; ++c) {
+      const __m512 vc = load16(values[i] + 16 * c);
+      for (int g = 0; g < G; ++g) acc[g][c] = _mm512_fmadd_ps(weight[g], vc, acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(s.acc + g * p.dim + 16 * c, acc[g][c]);
+}
+
+template <typename T, int G, int C>
+AVX512 void task_avx512(const Problem& p, int64_t row, int64_t head, Scratch& s) {
+  start_task<T>(p, row, head, s);
+  const int64_t len = p.row_len[row], stride = p.kv_heads * p.dim;
+  const int32_t* table = p.tables + p.row_seq[row] * p.table_stride;
+  const T* keys = static_cast<const T*>(p.keys) + head * p.dim;
+  const T* values = static_cast<const T*>(p.values) + head * p.dim;
+  // The rows of chunk j + 1 are found and prefetched while chunk j is computed.
+  const T* key_rows[2][16];
+  const T* value_rows[2][16];
+  auto locate = [&](int64_t start, int which) {
+    const int n = static_cast<int>(std::min<int64_t>(16, len - start));
+    for (int i = 0; i < n; ++i) {
+      const int64_t pos = start + i;
+      const int64_t offset = ((int64_t)table[pos / p.block_size] * p.block_size + pos % p.block_size) * stride;
+      key_rows[which][i] = keys + offset;
+      value_rows[which][i] = values + offset;
+      for (int64_t line = 0; line < (int64_t)(p.dim * sizeof(T)); line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(key_rows[which][i]) + line, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(value_rows[which][i]) + line, _MM_HINT_T0);
+      }
+    }
+    return n;
+  };
+  int n = locate(0, 0), which = 0;
+  for (int64_t start = 0; start < len; start += 16, which ^= 1) {
+    const int next = start + 16 < len ? locate(start + 16, which ^ 1) : 0;
+    chunk_avx512<T, G, C>(p, key_rows[which], value_rows[which], n, s);
+    n = next;
+  }
+  finish_task<T>(p, row, head, s);
+}
+
+template <typename T, int G>
+Task pick_chunks(int64_t chunks) {
+  switch (chunks) {
+    case 2: return task_avx512<T, G, 2>;
+    case 4: return task_avx512<T, G, 4>;
+    case 6: return task_avx512<T, G, 6>;
+    case 8: return task_avx512<T, G, 8>;
+    default: return nullptr;
+  }
+}
+
+// The AVX-512 task for these shapes, or nullptr (the plain loop runs them).
+template <typename T>
+Task avx512_task(int64_t dim, int64_t group) {
+  if (dim % 16) return nullptr;
+  switch (group) {
+    case 1: return pick_chunks<T, 1>(dim / 16);
+    case 2: return pick_chunks<T, 2>(dim / 16);
+    case 3: return pick_chunks<T, 3>(dim / 16);
+    case 4: return pick_chunks<T, 4>(dim / 16);
+    case 5: return pick_chunks<T, 5>(dim / 16);
+    case 6: return pick_chunks<T, 6>(dim / 16);
+    case 7: return pick_chunks<T, 7>(dim / 16);
+    case 8: return pick_chunks<T, 8>(dim / 16);
+    default: return nullptr;
+  }
+}
+#endif
+
+bool cpu_has_avx512f() {
+#ifdef TRITONLM_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
+
+template <typename T>
+void run(const Problem& p, int64_t rows, bool vectorised) {
+  Task task = task_plain<T>;
+#ifdef TRITONLM_X86
+  if (vectorised && cpu_has_avx512f())
+    if (Task fast = avx512_task<T>(p.dim, p.group)) task = fast;
+#endif
+  at::parallel_for(0, rows * p.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch(p);
+    for (int64_t t = begin; t < end; ++t) task(p, t / p.kv_heads, t % p.kv_heads, scratch);
+  });
+}
+
+// out [rows, heads, dim] = attention of query [rows, heads, dim] (last dim contiguous) over the
+// pools [slots, kv_heads, dim] (contiguous); row r reads sequence row_seq[r]'s first row_len[r]
+// positions through tables[row_seq[r]]. `vectorised`: the AVX-512 loop where it can run.
+void paged_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                  const at::Tensor& tables, const at::Tensor& row_seq, const at::Tensor& row_len,
+                  int64_t block_size, double scale, bool vectorised) {
+  TORCH_CHECK(query.dim() == 3 && out.dim() == 3 && keys.dim() == 3, "query/out [rows, heads, dim], pools [slots, kv_heads, dim]");
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes(), "pools: contiguous, same shape");
+  TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "query/out: contiguous head_dim");
+  TORCH_CHECK(query.scalar_type() == keys.scalar_type() && out.scalar_type() == keys.scalar_type(), "one dtype");
+  TORCH_CHECK(tables.scalar_type() == at::kInt && row_seq.scalar_type() == at::kInt && row_len.scalar_type() == at::kInt, "int32 tables");
+  TORCH_CHECK(tables.is_contiguous() && row_seq.is_contiguous() && row_len.is_contiguous(), "contiguous tables");
+  const int64_t rows = query.size(0), heads = query.size(1), dim = query.size(2), kv_heads = keys.size(1);
+  TORCH_CHECK(keys.size(2) == dim && heads % kv_heads == 0, "head_dim and heads must match the pools");
+  TORCH_CHECK(row_seq.numel() == rows && row_len.numel() == rows, "one row_seq/row_len per query row");
+  Problem p{keys.data_ptr(), values.data_ptr(), kv_heads, dim, block_size, heads / kv_heads,
+            tables.data_ptr<int32_t>(), tables.dim() == 2 ? tables.stride(0) : 0,
+            row_seq.data_ptr<int32_t>(), row_len.data_ptr<int32_t>(),
+            query.data_ptr(), query.stride(0), query.stride(1),
+            out.data_ptr(), out.stride(0), out.stride(1), static_cast<float>(scale)};
+  if (keys.scalar_type() == at::kFloat) {
+    run<float>(p, rows, vectorised);
+  } else if (keys.scalar_type() == at::kBFloat16) {
+    run<c10::BFloat16>(p, rows, vectorised);
+  } else if (keys.scalar_type() == at::kHalf) {
+    run<c10::Half>(p, rows, vectorised);
+  } else {
+    TORCH_CHECK(false, "paged_decode: float32, bfloat16 or float16 only");
+  }
+}
+
+bool has_vector_path() { return cpu_has_avx512f(); }
+
+}  // namespace
+
+TORCH_LIBRARY(tritonlm_cpu, m) {
+  m.def(
+      "paged_decode(Tensor(a!) out, Tensor query, Tensor keys, Tensor values, Tensor tables, Tensor row_seq, "
+      "Tensor row_len, int block_size, float scale, bool vectorised) -> ()");
+  m.def("has_vector_path() -> bool", has_vector_path);
+}
+
+TORCH_LIBRARY_IMPL(tritonlm_cpu, CPU, m) { m.impl("paged_decode", paged_decode); }
