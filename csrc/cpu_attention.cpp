@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -117,7 +118,8 @@ void task_plain(const Problem& p, int64_t row, int64_t head, Scratch& s) {
       for (int64_t i = 0; i < n; ++i) {
         const float w = std::exp(sc[i] - top);
         total += w;
-        for (int64_t d = 0; d < D; ++d) acc[d] += w * to_float(v[i * stride + d]);
+        const float rounded = to_float(static_cast<T>(w));  // see round_like
+        for (int64_t d = 0; d < D; ++d) acc[d] += rounded * to_float(v[i * stride + d]);
       }
       s.max[g] = top;
       s.sum[g] = total;
@@ -162,6 +164,24 @@ AVX512 inline __m512 exp16(__m512 x) {
   return _mm512_scalef_ps(poly, n);
 }
 
+// x rounded to the nearest bfloat16 (ties to even), kept as an fp32.
+AVX512 inline __m512 round_bf16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_castsi512_ps(_mm512_and_si512(up, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+// As torch's flash attention does in bf16 and fp16: the weights that multiply the values are
+// rounded to the storage type, their sum is not (greedy tokens then agree with transformers' own
+// bf16 runs, which part from an fp32-weighted sum at near-ties).
+template <typename T>
+AVX512 inline __m512 round_like(__m512 w) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return round_bf16(w);
+  if constexpr (std::is_same_v<T, c10::Half>) return _mm512_cvtph_ps(_mm512_cvtps_ph(w, _MM_FROUND_TO_NEAREST_INT));
+  return w;
+}
+
 // Lane i of the result = the sum of the lanes of v[i]: a transpose-and-add tree (45 instructions
 // for 16 sums, against ~8 each one by one).
 AVX512 inline __m512 sum16(__m512* v) {
@@ -204,7 +224,7 @@ AVX512 inline void chunk_avx512(const Problem& p, const T* const* keys, const T*
     const float old = s.max[g];
     const float best = std::max(old, _mm512_mask_reduce_max_ps(valid, scores));
     const __m512 w = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(scores, _mm512_set1_ps(best))));
-    _mm512_store_ps(weights[g], w);
+    _mm512_store_ps(weights[g], round_like<T>(w));
     float correction = 1.f;
     if (best > old) correction = _mm512_cvtss_f32(exp16(_mm512_set1_ps(old - best)));
     s.sum[g] = s.sum[g] * correction + _mm512_reduce_add_ps(w);
