@@ -198,24 +198,54 @@ AVX512 inline __m512 sum16(__m512* v) {
                        _mm512_shuffle_f32x4(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// A head's row as C fp32 registers. In bf16, each 32 elements give two: the even elements, then the
+// odd ones (a shift and a mask, no shuffle); a dot product does not mind the order, and the weighted
+// sum of values, accumulated in that order, is put back in order at the end (`in_order`).
+template <typename T, int C>
+AVX512 inline void load_row(const T* x, __m512* out) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    static_assert(C % 2 == 0, "bf16 rows go 32 elements at a time");
+    for (int j = 0; j < C / 2; ++j) {
+      const __m512i raw = _mm512_loadu_si512(x + 32 * j);
+      out[2 * j] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+      out[2 * j + 1] = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+    }
+  } else {
+    for (int c = 0; c < C; ++c) out[c] = load16(x + 16 * c);
+  }
+}
+
+// The accumulators of `load_row`'s order back in the head's order.
+template <typename T>
+void in_order(float* acc, int64_t dim) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    float split[32];
+    for (int64_t j = 0; j < dim; j += 32) {
+      std::copy(acc + j, acc + j + 32, split);
+      for (int i = 0; i < 16; ++i) {
+        acc[j + 2 * i] = split[i];
+        acc[j + 2 * i + 1] = split[16 + i];
+      }
+    }
+  }
+}
+
 // One chunk of n <= 16 positions (rows[i]: position i's key and value row of this head).
 template <typename T, int G, int C>
-AVX512 inline void chunk_avx512(const Problem& p, const T* const* keys, const T* const* values, int n, Scratch& s) {
+AVX512 inline void chunk_avx512(const Problem& p, const __m512 (*q)[C], const T* const* keys, const T* const* values,
+                                int n, Scratch& s) {
   const __mmask16 valid = n == 16 ? 0xFFFF : (__mmask16)((1u << n) - 1);
   alignas(64) float weights[G][16];
   // Each key row is loaded (and widened) once for the whole group.
-  __m512 q[G][C];
-  for (int g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c) q[g][c] = load16(s.q + g * p.dim + 16 * c);
   __m512 dots[G][16];
   for (int i = 0; i < 16; ++i) {
     __m512 dot[G];
     for (int g = 0; g < G; ++g) dot[g] = _mm512_setzero_ps();
     if (i < n) {
-      for (int c = 0; c < C; ++c) {
-        const __m512 kc = load16(keys[i] + 16 * c);
-        for (int g = 0; g < G; ++g) dot[g] = _mm512_fmadd_ps(q[g][c], kc, dot[g]);
-      }
+      __m512 k[C];
+      load_row<T, C>(keys[i], k);
+      for (int c = 0; c < C; ++c)
+        for (int g = 0; g < G; ++g) dot[g] = _mm512_fmadd_ps(q[g][c], k[c], dot[g]);
     }
     for (int g = 0; g < G; ++g) dots[g][i] = dot[g];
   }
@@ -241,10 +271,10 @@ AVX512 inline void chunk_avx512(const Problem& p, const T* const* keys, const T*
   for (int i = 0; i < n; ++i) {
     __m512 weight[G];
     for (int g = 0; g < G; ++g) weight[g] = _mm512_set1_ps(weights[g][i]);
-    for (int c = 0; c < C; ++c) {
-      const __m512 vc = load16(values[i] + 16 * c);
-      for (int g = 0; g < G; ++g) acc[g][c] = _mm512_fmadd_ps(weight[g], vc, acc[g][c]);
-    }
+    __m512 v[C];
+    load_row<T, C>(values[i], v);
+    for (int c = 0; c < C; ++c)
+      for (int g = 0; g < G; ++g) acc[g][c] = _mm512_fmadd_ps(weight[g], v[c], acc[g][c]);
   }
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(s.acc + g * p.dim + 16 * c, acc[g][c]);
@@ -274,12 +304,16 @@ AVX512 void task_avx512(const Problem& p, int64_t row, int64_t head, Scratch& s)
     }
     return n;
   };
+  __m512 q[G][C];  // the group's query heads, in load_row's order
+  const T* query = static_cast<const T*>(p.query) + row * p.q_row + head * p.group * p.q_head;
+  for (int g = 0; g < G; ++g) load_row<T, C>(query + g * p.q_head, q[g]);
   int n = locate(0, 0), which = 0;
   for (int64_t start = 0; start < len; start += 16, which ^= 1) {
     const int next = start + 16 < len ? locate(start + 16, which ^ 1) : 0;
-    chunk_avx512<T, G, C>(p, key_rows[which], value_rows[which], n, s);
+    chunk_avx512<T, G, C>(p, q, key_rows[which], value_rows[which], n, s);
     n = next;
   }
+  for (int g = 0; g < G; ++g) in_order<T>(s.acc + g * p.dim, p.dim);
   finish_task<T>(p, row, head, s);
 }
 
