@@ -75,4 +75,4 @@ format: setup
 	$(PY) -m ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) models .triton
+	rm -rf $(VENV) $(VLLM_VENV) models .triton build

@@ -1,9 +1,12 @@
 """Decode attention of one layer, per backend: the `sdpa` backend's CPU path (the decode workspace
 read in place, grouped-query heads folded, a length mask) against the `cpu_paged` kernel over the
 paged pools, at the bench model's shapes by default (8 heads, 4 key heads, head_dim 64; batch 32,
-contexts 129-192), in both dtypes, one thread and two.
+contexts 129-192), in both dtypes, one thread and two. Each layer has its own keys and values, as
+in a step, and a call runs `--layers` of them (8, the bench model's: 10.5 MB of fp32 keys and
+values a layer, more than the caches hold); the times are per layer.
 
-    python -m client.attention_bench [--batch 32] [--heads 8] [--kv-heads 4] [--dim 64] [--repeat 200]
+    python -m client.attention_bench [--batch 32] [--heads 8] [--kv-heads 4] [--dim 64] [--layers 8]
+                                     [--repeat 50]
 
 Not part of `make test` or `make bench`; docs/performance.md has its numbers on the bench machine.
 """
@@ -33,10 +36,26 @@ def _time(fn: Callable[[], object], repeat: int) -> float:
 
 
 def cases(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Callable[[], object]]:
-    """The two decode attentions over the same keys and values."""
+    """The decode attentions of `args.layers` layers, each over its own keys and values."""
+    layers = [layer(args, dtype, seed) for seed in range(args.layers)]
+    return {name: _each(fn for case in layers for n, fn in case.items() if n == name) for name in layers[0]}
+
+
+def _each(fns: object) -> Callable[[], None]:
+    calls = list(fns)
+
+    def run() -> None:
+        for fn in calls:
+            fn()
+
+    return run
+
+
+def layer(args: argparse.Namespace, dtype: torch.dtype, seed: int) -> dict[str, Callable[[], object]]:
+    """One layer's decode attention by each way, over the same keys and values."""
     from tritonlm.worker.attention import cpu_kernels
 
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(129, 193, (args.batch,), generator=gen)
     longest, blocks_each = int(lengths.max()), -(-int(lengths.max()) // BLOCK)
     blocks = args.batch * blocks_each
@@ -70,16 +89,19 @@ def cases(args: argparse.Namespace, dtype: torch.dtype) -> dict[str, Callable[[]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    for flag, default in (("batch", 32), ("heads", 8), ("kv-heads", 4), ("dim", 64), ("repeat", 200)):
+    defaults = (("batch", 32), ("heads", 8), ("kv-heads", 4), ("dim", 64), ("layers", 8), ("repeat", 50))
+    for flag, default in defaults:
         parser.add_argument(f"--{flag}", type=int, default=default)
     args = parser.parse_args()
-    print(f"decode attention of one layer, µs (median of {args.repeat}); batch {args.batch}, context 129-192")
+    print(
+        f"decode attention, µs a layer (median of {args.repeat} x {args.layers} layers), batch {args.batch}:"
+    )
     names = ("sdpa", "cpu_paged", "plain C++")
     print(f"{'dtype':10} {'threads':>7} " + " ".join(f"{name:>22}" for name in names))
     for dtype in (torch.float32, torch.bfloat16):
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            times = [_time(fn, args.repeat) for fn in cases(args, dtype).values()]
+            times = [_time(fn, args.repeat) / args.layers for fn in cases(args, dtype).values()]
             print(f"{str(dtype)[6:]:10} {threads:>7} " + " ".join(f"{t:>22.0f}" for t in times))
 
 

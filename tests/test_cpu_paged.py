@@ -93,6 +93,23 @@ def test_the_kernel_equals_sdpa_over_the_sequences_blocks(dtype, heads, kv_heads
         torch.testing.assert_close(out[r].float(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 40])
+def test_few_rows_split_by_head_and_many_rows_by_row_give_the_same(dtype, rows):
+    """A task per (row, key head) when rows are fewer than twice the threads, else per row."""
+    lengths = [7 + 5 * i for i in range(rows)]
+    keys, values, tables, table = paged_problem(lengths, 4, 64, 16, dtype)
+    query = torch.randn(rows, 8, 64).to(dtype)
+    out = torch.empty_like(query)
+    seq = torch.arange(rows, dtype=torch.int32)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    cpu_kernels.kernels().paged_decode(out, query, keys, values, table, seq, lens, 16, 0.125, True)
+    for r, n in enumerate(lengths):
+        expected = reference(query[r], keys, values, tables[r], n, 16)
+        torch.testing.assert_close(out[r].float(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
 def test_a_missing_library_leaves_the_backend_out_naming_make_setup(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_kernels, "LIBRARY", tmp_path / "missing.so")
     cpu_kernels._load.cache_clear()
