@@ -35,7 +35,12 @@ def fingerprint() -> str:
 
 
 def built() -> bool:
-    return LIBRARY.exists() and FINGERPRINT.exists() and FINGERPRINT.read_text() == fingerprint()
+    return (
+        SOURCE.exists()
+        and LIBRARY.exists()
+        and FINGERPRINT.exists()
+        and FINGERPRINT.read_text() == fingerprint()
+    )
 
 
 def build() -> Path:
@@ -61,6 +66,8 @@ def build() -> Path:
 @functools.cache
 def _load() -> tuple[object | None, str]:
     if not built():
+        if not SOURCE.exists():
+            return None, f"its source {SOURCE} is missing"
         why = "not built" if not LIBRARY.exists() else "built from another source or torch"
         return None, f"{LIBRARY} is {why} (run `make setup`)"
     try:
