@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import sys
 from pathlib import Path
 
@@ -51,6 +52,8 @@ def build() -> Path:
 
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
     FINGERPRINT.unlink(missing_ok=True)
+    # cpp_extension runs `ninja` from PATH: the one pinned in this environment, even when not active.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     cpp_extension.load(
         name=NAME,
         sources=[str(SOURCE)],
