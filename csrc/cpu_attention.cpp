@@ -2,10 +2,11 @@
 //
 // Each query row (a decoding sequence's token) attends over the first `row_len` positions of its
 // sequence, read in place from the paged pools `[slots, kv_heads, head_dim]` through its block
-// table (slot = table[p / block_size] * block_size + p % block_size). One task is one (row, key
-// head): the query heads of that group share each key/value row as it is loaded (grouped-query
-// attention). Scores, softmax and the weighted sum are in fp32 whatever the storage (fp32,
-// bf16 or fp16); the softmax is online, one block of positions at a time.
+// table (slot = table[p / block_size] * block_size + p % block_size). A task is one row with all
+// its key heads (or one key head, when rows are too few for the threads); the query heads of a
+// key head's group share each key/value row as it is loaded (grouped-query attention). Scores,
+// softmax and the weighted sum are in fp32 whatever the storage (fp32, bf16 or fp16); the softmax
+// is online, 16 positions at a time (a block at a time in the plain loop).
 //
 // Two versions of the same loop: AVX-512F (function-level target, so this file builds with the
 // compiler's default flags and runs anywhere; chosen at run time from cpuid) and plain C++.
