@@ -29,6 +29,7 @@ COPY frontend frontend
 COPY client client
 COPY model_repository model_repository
 COPY corpus corpus
+COPY csrc csrc
 
 # The set-up `make setup` runs (tritonlm/setup.py, tested there): the project installed editable (on
 # purpose: the launcher finds model_repository/ and models/ next to the tritonlm package), no

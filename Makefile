@@ -32,7 +32,7 @@ test: setup
 # on PATH: it bundles the server binary and the Python-backend stub; the official container has its
 # own) and the default model converted: tritonlm/setup.py, the set-up the Dockerfile runs too.
 setup: $(STAMP)
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml csrc/cpu_attention.cpp
 	$(PYTHON) -m tritonlm.setup --venv $(VENV) --extras test
 	touch $@
 
@@ -77,4 +77,4 @@ format: setup
 	$(PY) -m ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) models .triton
+	rm -rf $(VENV) $(VLLM_VENV) models .triton build

@@ -13,6 +13,7 @@ from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.scheduler import Scheduler
 from tritonlm.worker import attention, step_inputs
+from tritonlm.worker.attention import cpu_kernels
 from tritonlm.worker.attention.base import AttentionBackend
 from tritonlm.worker.attention.registry import BACKENDS
 from tritonlm.worker.model_runner import ModelRunner
@@ -34,24 +35,29 @@ def test_every_registered_backend_is_an_attention_backend_of_its_name():
 
 
 def test_auto_picks_the_first_available_and_sdpa_runs_everywhere():
-    assert attention.available_backends(CPU)[0] == "sdpa"
-    assert attention.choose("auto", CPU) is attention.backend_class("sdpa")
+    available = attention.available_backends(CPU)
+    # cpu_paged first wherever its kernel runs (the fallback is tested in test_cpu_paged.py)
+    assert available == (["cpu_paged", "sdpa"] if cpu_kernels.unavailable() is None else ["sdpa"])
+    assert attention.choose("auto", CPU) is attention.backend_class(available[0])
     assert attention.choose("sdpa", CPU).name == "sdpa"
 
 
 def test_an_unknown_backend_is_an_error_naming_the_setting_and_the_allowed_values():
-    with pytest.raises(ConfigError, match=r"attention_backend: must be one of auto, sdpa, got 'flex'"):
+    names = "auto, cpu_paged, sdpa"
+    with pytest.raises(ConfigError, match=rf"attention_backend: must be one of {names}, got 'flex'"):
         EngineConfig(attention_backend="flex")
     assert EngineConfig.from_parameters({"attention_backend": "sdpa"}, {}).attention_backend == "sdpa"
-    with pytest.raises(ValueError, match=r"attention_backend: 'flex' is unknown; allowed here: auto, sdpa"):
+    allowed = ", ".join(["auto", *attention.available_backends(CPU)])
+    with pytest.raises(ValueError, match=rf"attention_backend: 'flex' is unknown; allowed here: {allowed}$"):
         attention.choose("flex", CPU)
 
 
 def test_an_unavailable_backend_is_an_error_naming_the_setting(monkeypatch):
     cls = attention.backend_class("sdpa")
     monkeypatch.setattr(cls, "available", classmethod(lambda c, device: False))
+    monkeypatch.setattr(cpu_kernels, "unavailable", lambda: "this CPU has no AVX-512F")
     with pytest.raises(
-        ValueError, match=r"attention_backend: 'sdpa' is not available on cpu; allowed here: auto"
+        ValueError, match=r"attention_backend: 'sdpa' is not available on cpu; allowed here: auto$"
     ):
         attention.choose("sdpa", CPU)
     with pytest.raises(ValueError, match="attention_backend: 'auto'"):

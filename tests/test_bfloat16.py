@@ -50,12 +50,15 @@ def reference(model, prompt: list[int]) -> tuple[list[int], int]:
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bfloat16")
-def test_bfloat16_greedy_matches_transformers_in_bfloat16(model_dir):
+def test_bfloat16_greedy_matches_transformers_in_bfloat16(model_dir, attention_backend):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(5, 4000, (int(n),), generator=gen).tolist() for n in (3, 17, 40, 61, 9, 28)]
     refs = [reference(model, p) for p in prompts]
-    runner = ModelRunner(EngineConfig(str(model_dir), dtype="bfloat16", max_num_seqs=4, max_seq_len=128))
+    config = EngineConfig(
+        str(model_dir), dtype="bfloat16", max_num_seqs=4, max_seq_len=128, attention_backend=attention_backend
+    )
+    runner = ModelRunner(config)
     assert runner.dtype == torch.bfloat16
     _, seqs = run_all(runner, [request(p, NEW_TOKENS, SamplingParams()) for p in prompts], stagger=True)
     compared = 0

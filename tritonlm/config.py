@@ -149,9 +149,12 @@ class EngineConfig:
     attention_backend: str = _setting(
         "auto",
         "`auto`",
-        "what computes attention over the paged KV cache (`tritonlm/worker/attention/`): `sdpa`, torch's "
-        "scaled_dot_product_attention (on CPU with each decoding sequence's keys/values kept contiguous); "
-        "`auto`: the best available on the device, today `sdpa`",
+        "what computes attention over the paged KV cache (`tritonlm/worker/attention/`): `cpu_paged`, our "
+        "C++ kernel (`csrc/`, built by `make setup`) reading the decode tokens' blocks in place, AVX-512 "
+        "CPUs only, prefill chunks as `sdpa`; `sdpa`, torch's scaled_dot_product_attention (on CPU with "
+        "each decoding sequence's keys/values kept contiguous); `auto`: the first of these available "
+        "(the log says why `cpu_paged` is not), except `sdpa` in float32, where `cpu_paged` measured no "
+        "faster on two threads (docs/benchmarks.md)",
     )
 
     lora_modules: str = _setting(

@@ -9,6 +9,8 @@ Steps, each skipped when already done (so running it again is cheap and changes 
      extra (nvidia-pytriton) only when no `tritonserver` is on PATH, and the default model's PyPI
      package without its dependencies (`tritonlm/smollm2.py`);
   3. check that tritonserver can run here and that the embedding model's package is installed;
+     build our C++ CPU attention kernel (`tritonlm/worker/attention/cpu_kernels.py`; a machine
+     that cannot build it serves on the `sdpa` attention backend, with a warning);
   4. prepare the models asked for: `smollm2` (the default: its GGUF converted to
      models/smollm2-135m-instruct) and/or `tiny` (generated into models/tiny).
 
@@ -122,6 +124,12 @@ def check() -> None:
         raise SetupError(f"the embedding model's package {embedding_config.DEFAULT_PACKAGE} is broken")
 
 
+def build_kernels() -> None:
+    """Our CPU attention kernel, built once for its source and this torch (a fresh interpreter:
+    the build imports torch). Not fatal: without it the engine runs the `sdpa` backend."""
+    subprocess.run([sys.executable, "-m", "tritonlm.worker.attention.cpu_kernels"], cwd=ROOT)
+
+
 def create_venv(venv: Path) -> Path:
     """`venv`'s python, creating the environment (with an up-to-date pip) if it has none."""
     python = venv / "bin" / "python"
@@ -176,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             return subprocess.run(command, cwd=ROOT).returncode
         print(f"installed: tritonlm and its pinned dependencies (extras: {', '.join(args.extras) or 'none'})")
         check()
+        build_kernels()
         for name in args.models:
             print(f"model {name}: {prepare_model(name)}")
     except (SetupError, FileNotFoundError, subprocess.CalledProcessError) as error:

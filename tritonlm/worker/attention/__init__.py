@@ -8,6 +8,7 @@ backends load when asked for.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from tritonlm.worker.attention.base import AttentionBackend
 
 from tritonlm.worker.attention.registry import AUTO, BACKENDS, NAMES
+
+log = logging.getLogger(__name__)
 
 
 def backend_class(name: str) -> type[AttentionBackend]:
@@ -28,13 +31,27 @@ def available_backends(device: torch.device) -> list[str]:
     return [name for name in BACKENDS if backend_class(name).available(device)]
 
 
-def choose(name: str, device: torch.device) -> type[AttentionBackend]:
-    """The backend the setting `attention_backend` = `name` picks on `device`."""
+def choose(name: str, device: torch.device, dtype: torch.dtype | None = None) -> type[AttentionBackend]:
+    """The backend the setting `attention_backend` = `name` picks on `device` for `dtype`."""
     available = available_backends(device)
     if name == AUTO and available:
-        return backend_class(available[0])
+        skipped = []  # (backend, why auto passes it over)
+        for better in BACKENDS:
+            cls = backend_class(better)
+            why = cls.unavailable(device) or (cls.auto_skips(dtype) if dtype is not None else None)
+            if why is None:
+                for other, reason in skipped:
+                    log.info("attention_backend auto: %s, not %s (%s)", better, other, reason)
+                return cls
+            skipped.append((better, why))
+        return backend_class(available[0])  # every one passed over: the best that runs
     if name not in available:
-        why = "unknown" if name not in NAMES else f"not available on {device.type}"
+        if name not in NAMES:
+            why = "unknown"
+        elif name == AUTO:
+            why = f"not available on {device.type}"
+        else:
+            why = backend_class(name).unavailable(device)
         raise ValueError(
             f"attention_backend: {name!r} is {why}; allowed here: {', '.join([AUTO, *available])}"
         )

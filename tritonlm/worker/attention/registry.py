@@ -4,6 +4,7 @@ without loading torch (`attention_backend`)."""
 AUTO = "auto"
 # name -> "module:class" of its `AttentionBackend`, best first.
 BACKENDS = {
+    "cpu_paged": "tritonlm.worker.attention.cpu_paged:CpuPagedBackend",
     "sdpa": "tritonlm.worker.attention.sdpa:SdpaBackend",
 }
 NAMES = (AUTO, *BACKENDS)

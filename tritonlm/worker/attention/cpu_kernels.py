@@ -1,0 +1,109 @@
+"""Our C++ CPU attention kernel (`csrc/cpu_attention.cpp`): built ahead of time, loaded when used.
+
+`make setup` builds it (`python -m tritonlm.worker.attention.cpu_kernels`, through
+`tritonlm/setup.py`) with `torch.utils.cpp_extension` into `build/cpu_attention/`, beside a
+fingerprint of the source and the torch version it was built for; nothing is compiled at run time.
+`kernels()` loads it once and gives its ops (`torch.ops.tritonlm_cpu`), or says why they cannot run
+here (`unavailable`): not built, built from another source or torch, or a CPU (or
+`ATEN_CPU_CAPABILITY`) without AVX-512. The kernel holds its own plain C++ loop too, which the
+tests compare with the AVX-512 one; the backend itself is offered only with AVX-512.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[3]
+SOURCE = ROOT / "csrc" / "cpu_attention.cpp"
+BUILD_DIR = ROOT / "build" / "cpu_attention"
+NAME = "tritonlm_cpu_attention"
+LIBRARY = BUILD_DIR / f"{NAME}.so"
+FINGERPRINT = BUILD_DIR / "fingerprint"
+CFLAGS = ["-O3"]  # no -march: the AVX-512 loop has its own target attribute, chosen at run time
+
+
+def fingerprint() -> str:
+    """What the built library must have been built from: this source, these flags, this torch."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(" ".join([*CFLAGS, torch.__version__]).encode())
+    return digest.hexdigest()
+
+
+def built() -> bool:
+    return (
+        SOURCE.exists()
+        and LIBRARY.exists()
+        and FINGERPRINT.exists()
+        and FINGERPRINT.read_text() == fingerprint()
+    )
+
+
+def build() -> Path:
+    """Builds the library unless it is built already for this source and torch; returns its path."""
+    if built():
+        return LIBRARY
+    from torch.utils import cpp_extension
+
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
+    FINGERPRINT.unlink(missing_ok=True)
+    # cpp_extension runs `ninja` from PATH: the one pinned in this environment, even when not active.
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    cpp_extension.load(
+        name=NAME,
+        sources=[str(SOURCE)],
+        extra_cflags=CFLAGS,
+        build_directory=str(BUILD_DIR),
+        is_python_module=False,
+        verbose=False,
+    )
+    FINGERPRINT.write_text(fingerprint())
+    return LIBRARY
+
+
+@functools.cache
+def _load() -> tuple[object | None, str]:
+    if not built():
+        if not SOURCE.exists():
+            return None, f"its source {SOURCE} is missing"
+        why = "not built" if not LIBRARY.exists() else "built from another source or torch"
+        return None, f"{LIBRARY} is {why} (run `make setup`)"
+    try:
+        torch.ops.load_library(str(LIBRARY))
+    except (OSError, RuntimeError) as error:
+        return None, f"{LIBRARY} does not load: {error}"
+    return torch.ops.tritonlm_cpu, ""
+
+
+def kernels() -> object:
+    """The kernel's ops (`paged_decode`, `has_vector_path`); call only when `unavailable()` is None."""
+    ops, why = _load()
+    assert ops is not None, why
+    return ops
+
+
+def unavailable() -> str | None:
+    """Why the AVX-512 kernel cannot run here, or None when it can."""
+    ops, why = _load()
+    if ops is None:
+        return why
+    if not ops.has_vector_path():
+        return "this CPU has no AVX-512F"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability != "AVX512":  # ATEN_CPU_CAPABILITY may lower it: we follow torch
+        return f"torch runs this CPU at {capability}, not AVX512"
+    return None
+
+
+if __name__ == "__main__":
+    try:
+        print(f"CPU attention kernel: {build()}")
+    except Exception as error:  # a machine without a compiler still serves, on the sdpa backend
+        why = f"warning: the CPU attention kernel did not build ({error}); the sdpa backend is used"
+        print(why, file=sys.stderr)
+        raise SystemExit(1) from error
