@@ -11,7 +11,6 @@ from fastapi import FastAPI, Request
 from frontend import errors
 from frontend.admin.routes import install as install_admin
 from frontend.anthropic import routes as anthropic
-from frontend.chat_tools.reply import check_parsers
 from frontend.config import FrontendConfig
 from frontend.databricks import routes as databricks
 from frontend.embeddings import routes as embeddings
@@ -20,6 +19,7 @@ from frontend.engine_client.steps import Triton
 from frontend.engine_client.triton import EMBEDDING
 from frontend.errors import APIError
 from frontend.media import MediaSources
+from frontend.model_traits import read_traits
 from frontend.models import served
 from frontend.openai_api import routes as openai_api
 from frontend.ops import install as install_ops
@@ -30,7 +30,6 @@ from frontend.tgi import routes as tgi
 from frontend.tokenize import routes as tokenize
 from tritonlm.config import EngineConfig
 from tritonlm.lora.format import parse_lora_modules
-from tritonlm.multimodal.architectures import media_kinds as checkpoint_media_kinds
 
 
 def create_app(
@@ -47,8 +46,8 @@ def create_app(
     loop.
     `lora_adapters`: the LoRA adapters' names; None: the engine's `lora_modules` setting, read on
     start-up (`engine_lora_adapters`).
-    `media_kinds`: the media the model takes (image, video, audio); None: what the config.json of
-    `config.model_dir` says (none without one: a text-only model).
+    `media_kinds`: the media every model started with takes (image, video, audio); None: what each
+    checkpoint's config.json says (none without one: a text-only model).
     `media`: where media bytes may come from and the limits; None: from `config`."""
     triton_url, server_id = config.triton_url(), config.triton_server_id or None
 
@@ -68,7 +67,10 @@ def create_app(
             await client.close()
 
     app = FastAPI(title="tritonlm", lifespan=lifespan)
-    served_models = [ServedModel(model) for model in config.served_models()]
+    # Each model's parsers and media from its own checkpoint: it answers as it would served alone.
+    served_models = [
+        ServedModel(m, read_traits(config, m.model_dir, media_kinds)) for m in config.served_models()
+    ]
     app.state.served_models = {model.name: model for model in served_models}
     app.state.model_name = served_models[0].name  # the default model
     app.state.model_dir = config.model_dir  # the checkpoint (engine_info: its config.json)
@@ -77,13 +79,6 @@ def create_app(
     app.state.created = int(time.time())
     app.state.stream_full_text = config.stream_full_text
     app.state.responses_store = ResponseStore(config.responses_store_size)  # Responses' store, in memory
-    tool_parser, reasoning_parser, tools_in_prompt = config.chat_parsers()
-    check_parsers(tool_parser, reasoning_parser)
-    app.state.tool_parser, app.state.reasoning_parser = tool_parser, reasoning_parser
-    app.state.tools_in_prompt = tools_in_prompt  # the chat template knows no tools
-    if media_kinds is None:
-        media_kinds = checkpoint_media_kinds(config.model_dir) if config.model_dir else ()
-    app.state.media_kinds = tuple(media_kinds)
     app.state.media = media if media is not None else MediaSources.from_config(config)
     if triton is not None:
         app.state.triton = triton

@@ -260,14 +260,14 @@ class FrontendConfig:
         "TRITONLM_TOOL_PARSER",
         "--tool-parser",
         "how the model writes tool calls: `hermes`, `llama3_json` or `deepseek`",
-        shown="from MODEL_DIR's chat template, else `hermes`",
+        shown="from each model's chat template, else `hermes`",
     )
     reasoning_parser: str = _setting(
         "",
         "TRITONLM_REASONING_PARSER",
         "--reasoning-parser",
         "`think` (`<think>` blocks become reasoning_content) or `none`",
-        shown="from MODEL_DIR's chat template, else `think`",
+        shown="from each model's chat template, else `think`",
     )
     tools_in_prompt: bool | None = _setting(
         None,
@@ -275,7 +275,7 @@ class FrontendConfig:
         "--tools-in-prompt",
         "the chat template knows no tools: they are written into the prompt in Hermes' format, and "
         "tool_choice auto replies are held to valid `<tool_call>` blocks",
-        shown="whether MODEL_DIR's chat template knows no tools, else false",
+        shown="whether each model's chat template knows no tools, else false",
     )
     responses_store_size: int = _setting(
         1000,
@@ -390,12 +390,13 @@ class FrontendConfig:
     def embed_name(self) -> str:
         return embedding_config.served_name(self.embed_model_name, self.embed_model_dir)
 
-    def chat_parsers(self) -> tuple[str, str, bool]:
-        """(tool parser, reasoning parser, tools in prompt): as set, else what MODEL_DIR's chat
-        template calls for, else hermes, think and false."""
-        if not self.model_dir:
+    def chat_parsers(self, model_dir: str | None = None) -> tuple[str, str, bool]:
+        """(tool parser, reasoning parser, tools in prompt) of the checkpoint at `model_dir` (None:
+        MODEL_DIR): as set, else what its chat template calls for, else hermes, think and false."""
+        model_dir = self.model_dir if model_dir is None else model_dir
+        if not model_dir:
             return self.tool_parser or "hermes", self.reasoning_parser or "think", bool(self.tools_in_prompt)
-        template = chat_format.read_template(self.model_dir)
+        template = chat_format.read_template(model_dir)
         tools_in_prompt = self.tools_in_prompt
         if tools_in_prompt is None:
             tools_in_prompt = not chat_format.supports_tools(template)

@@ -5,8 +5,9 @@ those loaded at run time); `app.state.model_name` is the first, the default one 
 request without a model); `app.state.lora_adapters`
 the LoRA adapters served on it by name (each also a generative model: the name selects the adapter),
 `app.state.runtime_adapters` those loaded at run time (frontend/admin: name -> RuntimeAdapter);
-`app.state.embed_model_name` the embedding model. Every OpenAI or Databricks route resolves the name
-it was given here, so a request for the wrong kind of model gets the same clear 4xx everywhere.
+`app.state.embed_model_name` the embedding model; `traits` each served model's own parsers and media.
+Every OpenAI or Databricks route resolves the name it was given here, so a request for the wrong kind
+of model gets the same clear 4xx everywhere.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Literal
 from fastapi import Request
 
 from frontend.engine_client.request import Job
-from frontend.engine_client.served import DEFAULT, ServedModel
+from frontend.engine_client.served import DEFAULT, ModelTraits, ServedModel
 from frontend.errors import APIError
 
 Task = Literal["generate", "embed"]
@@ -47,6 +48,15 @@ def use_model(request: Request, job: Job, model: str | None) -> None:
 def served_model(request: Request, model: str | None) -> ServedModel | None:
     """The generative model a resolved name runs on; None: the default model (also for adapters)."""
     return request.app.state.served_models.get(model) if model is not None else None
+
+
+def traits(request: Request, model: ServedModel | str | None) -> ModelTraits:
+    """The parsers and media of a served model (a Job's `served`), or of the one a resolved name runs
+    on; None or an adapter's name: the default model's."""
+    if not isinstance(model, ServedModel):
+        model = served_model(request, model)
+    state = request.app.state
+    return (model or state.served_models[state.model_name]).traits
 
 
 def triton_model(request: Request, model: str | None, kind: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
-from frontend.engine_client.served import ServedModel
+from frontend.engine_client.served import ModelTraits, ServedModel
 from frontend.errors import APIError
 from frontend.field_rules import resolved_under
 from frontend.models import served
@@ -98,6 +98,15 @@ async def _load(request: Request, model: ModelSet) -> None:
         raise _refuse(400, f"model_dir: the model does not load: {error.message}", "model_dir") from None
 
 
+async def _traits(request: Request, model_dir: str) -> ModelTraits:
+    """The loaded model's own parsers and media, from its checkpoint (as at start-up)."""
+    try:
+        return await asyncio.to_thread(request.app.state.read_traits, model_dir)
+    except (OSError, ValueError, AttributeError) as error:  # unreadable or malformed JSON
+        message = f"model_dir: its config.json or chat template cannot be read: {error}"
+        raise _refuse(400, message, "model_dir") from None
+
+
 def _card(request: Request, model: ServedModel) -> dict:
     created = request.app.state.created
     return {"id": model.name, "object": "model", "created": created, "owned_by": "tritonlm",
@@ -111,7 +120,8 @@ async def load_model(model: str, body: LoadModelRequest, request: Request) -> di
     if not state.model_repository:
         raise _refuse(400, "loading models is off: the server sets no MODEL_REPOSITORY", "model_dir")
     _check_new_name(request, model)
-    served_model = ServedModel(_model_set(request, model, _checkpoint(request, body.model_dir)), loading=True)
+    models = _model_set(request, model, _checkpoint(request, body.model_dir))
+    served_model = ServedModel(models, await _traits(request, models.model_dir), loading=True)
     state.served_models[model] = served_model  # requests for it: 503 until it serves
     await asyncio.shield(_serve(request, served_model))  # a client gone does not stop it halfway
     return _card(request, served_model)

@@ -3,6 +3,7 @@ VLLM_ALLOW_RUNTIME_LORA_UPDATING), every route behind the admin key."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from fastapi import APIRouter, Depends, FastAPI
@@ -10,6 +11,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from frontend.admin import lora, models
 from frontend.admin.auth import require_admin_key
 from frontend.config import FrontendConfig
+from frontend.model_traits import read_traits
 
 router = APIRouter(dependencies=[Depends(require_admin_key)])
 router.include_router(lora.router)
@@ -25,4 +27,5 @@ def install(app: FastAPI, config: FrontendConfig) -> None:
     app.state.lora_allowed_dirs = [Path(d).resolve() for d in config.lora_allowed_dirs]
     app.state.model_allowed_dirs = config.allowed_model_dirs()
     app.state.model_repository = config.model_repository
+    app.state.read_traits = functools.partial(read_traits, config)  # a loaded model's parsers and media
     app.include_router(router)

@@ -22,7 +22,7 @@ from frontend.engine_client.steps import Step, first, generate, prompt_tokens, s
 from frontend.errors import APIError, anthropic_body
 from frontend.media.attach import attach
 from frontend.media.parts import MediaRef
-from frontend.models import resolve_model, use_model
+from frontend.models import resolve_model, traits, use_model
 from frontend.openai_api.schema import guide_calls_in_prompt
 from frontend.streaming import EventStream, until_disconnected
 
@@ -34,7 +34,7 @@ async def _prepared(request: Request, job: Job, refs: list[MediaRef], model: str
     """The job as the chat path runs it: the LoRA adapter its model names, calls held to the
     tools when the template knows none, its images fetched (refused for a text-only model)."""
     use_model(request, job, model)
-    if request.app.state.tools_in_prompt:
+    if traits(request, job.served).tools_in_prompt:
         guide_calls_in_prompt(job)
     await attach(request, job, refs, "messages", chat=True)
     return job
@@ -45,7 +45,8 @@ async def create_message(req: MessagesRequest, request: Request) -> Response:
     model = resolve_model(request, req.model, "generate")
     job = await _prepared(request, *create_job(req), model)
     state = request.app.state
-    fmt = MessageFormat(model, state.tool_parser, state.reasoning_parser)
+    parsers = traits(request, job.served)
+    fmt = MessageFormat(model, parsers.tool_parser, parsers.reasoning_parser)
     if not job.stream:
         gen = await until_disconnected(request, generate(state.triton, job))
         return JSONResponse(fmt.message(gen, job))

@@ -23,7 +23,7 @@ from frontend.databricks.schema import (
     NamedDatabricksCompletionRequest,
 )
 from frontend.errors import APIError
-from frontend.models import resolve_model
+from frontend.models import resolve_model, traits
 from frontend.openai_api.routes import serve
 from frontend.openai_api.schema import parse_body
 
@@ -59,8 +59,10 @@ async def invocations(name: str, request: Request, body: Annotated[Any, Body()])
 
 async def _chat(request: Request, name: str, req: DatabricksChatRequest) -> Response:
     model = resolve_model(request, name, "generate")
-    state = request.app.state
-    fmt = DatabricksChatFormat(model, tool_parser=state.tool_parser, reasoning_parser=state.reasoning_parser)
+    parsers = traits(request, model)
+    fmt = DatabricksChatFormat(
+        model, tool_parser=parsers.tool_parser, reasoning_parser=parsers.reasoning_parser
+    )
     return await serve(request, fmt, [req.to_job()])
 
 

@@ -1,5 +1,7 @@
 """A served generative model as the frontend sees it: its Triton models (tritonlm.serving.model_set
-names them), whether it is still loading, and the requests running on it, which unloading waits for.
+names them), how its chat replies are read and which media it takes (frontend.model_traits reads them
+from its checkpoint), whether it is still loading, and the requests running on it, which unloading
+waits for.
 """
 
 from __future__ import annotations
@@ -39,9 +41,21 @@ class InUse:
         await self._idle.wait()
 
 
+@dataclass(frozen=True)
+class ModelTraits:
+    """What the routes need of a model's checkpoint: its tool and reasoning parsers, whether tools
+    are written into the prompt (its chat template knows none), the media its chat parts may carry."""
+
+    tool_parser: str = "hermes"
+    reasoning_parser: str = "think"
+    tools_in_prompt: bool = False
+    media_kinds: tuple[str, ...] = ()
+
+
 @dataclass(eq=False)
 class ServedModel:
     models: ModelSet
+    traits: ModelTraits = field(default_factory=ModelTraits)
     loading: bool = False  # loaded at run time and not ready yet: its requests get 503
     in_use: InUse = field(default_factory=InUse)
 

@@ -1,6 +1,6 @@
-"""A request's media onto its Job: checked against the served model and the limits, fetched
-concurrently with the app's `MediaSources`, every refusal an `APIError` naming the part (400, or 413
-over a byte limit) in the route's own error format."""
+"""A request's media onto its Job: checked against the media its served model takes and the limits,
+fetched concurrently with the app's `MediaSources`, every refusal an `APIError` naming the part (400,
+or 413 over a byte limit) in the route's own error format."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from frontend.engine_client.request import Job, MediaItem
 from frontend.errors import APIError
 from frontend.media.parts import MediaRef
 from frontend.media.sources import MediaSources
+from frontend.models import traits
 from frontend.streaming import until_disconnected
 from tritonlm.multimodal.limits import MediaError
 
@@ -27,7 +28,7 @@ async def attach(request: Request, job: Job, refs: Sequence[MediaRef], field: st
         return
     sources: MediaSources = request.app.state.media
     try:
-        check(refs, request.app.state.media_kinds, sources.limits.max_items, field)
+        check(refs, traits(request, job.served).media_kinds, sources.limits.max_items, field)
         job.media = await until_disconnected(request, fetch_all(sources, refs, chat=chat))
     except MediaError as error:
         raise as_api_error(error) from None

@@ -22,7 +22,7 @@ from frontend.engine_client.steps import Prompt, Step, first, prompt_tokens, unf
 from frontend.errors import APIError, openai_body
 from frontend.media.attach import attach
 from frontend.media.parts import chat_media
-from frontend.models import resolve_model, use_model
+from frontend.models import resolve_model, traits, use_model
 from frontend.openai_api.chat_format import ChatFormat
 from frontend.openai_api.completion_format import CompletionFormat
 from frontend.openai_api.format import Format, Stream
@@ -38,12 +38,12 @@ DONE = b"data: [DONE]\n\n"
 @router.post("/v1/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
     model = resolve_model(request, req.model, "generate")
-    state = request.app.state
+    parsers = traits(request, model)
     fmt = ChatFormat(
         model,
-        full_text=state.stream_full_text,
-        tool_parser=state.tool_parser,
-        reasoning_parser=state.reasoning_parser,
+        full_text=request.app.state.stream_full_text,
+        tool_parser=parsers.tool_parser,
+        reasoning_parser=parsers.reasoning_parser,
     )
     return await serve(request, fmt, [req.to_job()])
 
@@ -63,7 +63,7 @@ async def serve(request: Request, fmt: Format, jobs: list[Job]) -> Response:
     triton = request.app.state.triton
     for job in jobs:  # the model name may be a LoRA adapter's
         use_model(request, job, fmt.model)
-        if isinstance(fmt, ChatFormat) and request.app.state.tools_in_prompt:
+        if isinstance(fmt, ChatFormat) and traits(request, job.served).tools_in_prompt:
             guide_calls_in_prompt(job)
         if job.messages is not None:  # media parts: placeholders for the template, bytes fetched
             job.messages, refs = chat_media(job.messages)

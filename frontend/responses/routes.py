@@ -23,7 +23,7 @@ from frontend.chat_tools.reply import reply_reader
 from frontend.engine_client.steps import Generation, Step, first, generate, steps, unfinished
 from frontend.errors import APIError, openai_body
 from frontend.media.attach import attach
-from frontend.models import resolve_model, use_model
+from frontend.models import resolve_model, traits, use_model
 from frontend.openai_api.schema import bad_request, guide_calls_in_prompt
 from frontend.responses.convert import Turn, to_turn
 from frontend.responses.format import Envelope, Event, Output, closing, whole
@@ -46,13 +46,14 @@ async def create_response(req: ResponsesRequest, request: Request) -> Response:
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         history = _store(request).get(req.previous_response_id, "previous_response_id").conversation
-    turn = to_turn(req, history, state.reasoning_parser)
+    parsers = traits(request, model)
+    turn = to_turn(req, history, parsers.reasoning_parser)
     job = turn.job
     use_model(request, job, model)
-    if state.tools_in_prompt:
+    if parsers.tools_in_prompt:
         guide_calls_in_prompt(job)
     await attach(request, job, turn.refs, "input", chat=True)
-    reader = reply_reader(job.tools, job.chat_template_kwargs, state.tool_parser, state.reasoning_parser)
+    reader = reply_reader(job.tools, job.chat_template_kwargs, parsers.tool_parser, parsers.reasoning_parser)
     envelope, output = Envelope(req, model), Output(reader, job.logprobs)
     if not job.stream:
         gen = await until_disconnected(request, generate(state.triton, job))

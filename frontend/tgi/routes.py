@@ -33,7 +33,7 @@ from frontend.engine_client.steps import (
 from frontend.errors import APIError
 from frontend.media.attach import attach
 from frontend.media.parts import text_of, tgi_media
-from frontend.models import use_model
+from frontend.models import traits, use_model
 from frontend.streaming import EventStream, sse, until_disconnected
 from frontend.tgi.info import info
 from frontend.tgi.schema import ADAPTER_NONE, DEFAULT_MAX_NEW_TOKENS, GenerateRequest
@@ -103,7 +103,7 @@ async def _media(request: Request, req: GenerateRequest, job: Job) -> None:
     if isinstance(req.inputs, str):
         return
     _, refs = tgi_media(_dumped(req))
-    if not request.app.state.media_kinds:
+    if not traits(request, job.served).media_kinds:
         raise APIError(
             400,
             f"{refs[0].part if refs else 'inputs'}: this model is text-only: inputs must be a string, "
