@@ -83,6 +83,11 @@ class APIError(Exception):
         return {"error": self.message, "error_type": self.error_type}
 
 
+def invalid_request(status: int, message: str, param: str) -> APIError:
+    """A refusal of the request's field `param`, as OpenAI's `invalid_request_error`."""
+    return APIError(status, message, "invalid_request_error", param=param)
+
+
 class ClientDisconnected(Exception):
     """The HTTP client went away before a response could be sent; nothing is left to answer."""
 

@@ -178,3 +178,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
         names = attention.available_backends(EngineConfig().torch_device())
         metafunc.parametrize("attention_backend", names, scope="module")
+
+
+@pytest.fixture
+def jobs(monkeypatch) -> list:
+    """Every frontend Job whose model inputs a route asked for (their `values` spied on)."""
+    from frontend.engine_client.request import Job
+
+    seen: list = []
+    values = Job.values
+
+    def spy(self, index: int = 0):
+        seen.append(self)
+        return values(self, index)
+
+    monkeypatch.setattr(Job, "values", spy)
+    return seen

@@ -17,7 +17,7 @@ from test_frontend_unit import FakeTriton
 
 from frontend.app import create_app
 from frontend.config import FrontendConfig
-from frontend.engine_client.request import Job, MediaItem
+from frontend.engine_client.request import MediaItem
 from frontend.media import MediaError, MediaLimits, MediaSources
 from frontend.media.attach import check, fetch_all
 from frontend.media.parts import MediaRef, chat_media, text_of, tgi_media
@@ -195,20 +195,6 @@ def test_the_first_refusal_in_prompt_order_is_raised(pair_server):
 
 # ---------------------------------------------------------------------------------------------
 # The routes' Jobs
-
-
-@pytest.fixture
-def jobs(monkeypatch) -> list[Job]:
-    """Every Job whose model inputs a route asked for."""
-    seen: list[Job] = []
-    values = Job.values
-
-    def spy(self: Job, index: int = 0):
-        seen.append(self)
-        return values(self, index)
-
-    monkeypatch.setattr(Job, "values", spy)
-    return seen
 
 
 def client(kinds: tuple[str, ...] = ("image",), **limits) -> TestClient:

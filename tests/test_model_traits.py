@@ -14,7 +14,6 @@ from test_frontend_unit import FakeTriton, response
 
 from frontend.app import create_app
 from frontend.config import FrontendConfig
-from frontend.engine_client.request import Job
 from frontend.engine_client.served import ModelTraits
 from frontend.model_traits import read_traits
 
@@ -69,20 +68,6 @@ def test_the_single_model_keeps_model_dirs_traits(dirs):
     [model] = app.state.served_models.values()
     assert model.traits == read_traits(FrontendConfig(), str(vision))
     assert FrontendConfig(model_dir=str(vision)).chat_parsers() == ("hermes", "think", False)
-
-
-@pytest.fixture
-def jobs(monkeypatch) -> list[Job]:
-    """Every Job whose model inputs a route asked for."""
-    seen: list[Job] = []
-    values = Job.values
-
-    def spy(self: Job, index: int = 0):
-        seen.append(self)
-        return values(self, index)
-
-    monkeypatch.setattr(Job, "values", spy)
-    return seen
 
 
 def two_models(dirs, **settings) -> TestClient:

@@ -24,7 +24,7 @@ from starlette.responses import PlainTextResponse
 from frontend.engine_client.lora import RuntimeAdapter
 from frontend.engine_client.request import Job
 from frontend.engine_client.steps import generate
-from frontend.errors import APIError
+from frontend.errors import APIError, invalid_request
 from frontend.field_rules import resolved_under
 from frontend.models import served
 from tritonlm.lora.format import AdapterFormatError, check_adapter_name, peft_to_tensors
@@ -54,16 +54,14 @@ class UnloadLoraAdapterRequest(BaseModel):
     lora_name: str
 
 
-def _refuse(status: int, message: str, param: str) -> APIError:
-    return APIError(status, message, "invalid_request_error", param=param)
-
-
 def _check_name_free(request: Request, name: str) -> None:
     state = request.app.state
     if name in state.runtime_adapters or name in state.lora_adapters:
-        raise _refuse(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        raise invalid_request(400, f"The lora adapter '{name}' has already been loaded.", "lora_name")
     if name in served(request):
-        raise _refuse(400, f"'{name}' is the name of a served model: choose another lora_name", "lora_name")
+        raise invalid_request(
+            400, f"'{name}' is the name of a served model: choose another lora_name", "lora_name"
+        )
 
 
 def _adapter_dir(request: Request, lora_path: str) -> Path:
@@ -71,17 +69,19 @@ def _adapter_dir(request: Request, lora_path: str) -> Path:
     roots = request.app.state.lora_allowed_dirs
     if not roots:
         message = "lora_path: loading adapters is off: the server sets no LORA_ALLOWED_DIRS"
-        raise _refuse(400, message, "lora_path")
+        raise invalid_request(400, message, "lora_path")
     try:
         resolved = resolved_under(lora_path, roots)
         if resolved is None:
-            raise _refuse(400, "lora_path: the path is outside LORA_ALLOWED_DIRS", "lora_path")
+            raise invalid_request(400, "lora_path: the path is outside LORA_ALLOWED_DIRS", "lora_path")
         if not resolved.is_dir():
-            raise _refuse(404, f"lora_path: No adapter found at {lora_path!r} (not a directory)", "lora_path")
+            raise invalid_request(
+                404, f"lora_path: No adapter found at {lora_path!r} (not a directory)", "lora_path"
+            )
     except (OSError, ValueError, RuntimeError) as error:  # NUL bytes, symlink loops, permissions
         if isinstance(error, APIError):
             raise
-        raise _refuse(400, "lora_path: the path cannot be read", "lora_path") from None
+        raise invalid_request(400, "lora_path: the path cannot be read", "lora_path") from None
     return resolved
 
 
@@ -94,7 +94,7 @@ async def _check_on_engine(request: Request, adapter: RuntimeAdapter) -> None:
         if error.status >= 500 or error.status == 429:
             raise
         message = f"lora_path: the adapter does not fit the model ({error.message})"
-        raise _refuse(400, message, "lora_path") from None
+        raise invalid_request(400, message, "lora_path") from None
 
 
 @router.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
@@ -106,7 +106,7 @@ async def load_lora_adapter(body: LoadLoraAdapterRequest, request: Request) -> s
     try:
         weights, config = await asyncio.to_thread(peft_to_tensors, directory)
     except AdapterFormatError as error:
-        raise _refuse(400, f"lora_path: {error}", "lora_path") from None
+        raise invalid_request(400, f"lora_path: {error}", "lora_path") from None
     adapter = RuntimeAdapter(name, str(directory), weights, config)
     await _check_on_engine(request, adapter)
     _check_name_free(request, name)  # another load of the name may have finished meanwhile
@@ -124,8 +124,8 @@ async def unload_lora_adapter(body: UnloadLoraAdapterRequest, request: Request) 
     if adapter is None:
         if name in state.lora_adapters:
             message = f"The lora adapter '{name}' was loaded at start-up (LORA_MODULES): it stays."
-            raise _refuse(400, message, "lora_name")
-        raise _refuse(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
+            raise invalid_request(400, message, "lora_name")
+        raise invalid_request(404, f"The lora adapter '{name}' cannot be found.", "lora_name")
     await adapter.idle()
     log.info("LoRA adapter %r unloaded", name)
     return f"Success: LoRA adapter '{name}' removed successfully."

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict
 
 from frontend.engine_client.served import ModelTraits, ServedModel
-from frontend.errors import APIError
+from frontend.errors import APIError, invalid_request
 from frontend.field_rules import resolved_under
 from frontend.models import served
 from tritonlm.config import ConfigError
@@ -37,20 +37,18 @@ class LoadModelRequest(BaseModel):
     model_dir: str
 
 
-def _refuse(status: int, message: str, param: str) -> APIError:
-    return APIError(status, message, "invalid_request_error", param=param)
-
-
 def _check_new_name(request: Request, name: str) -> None:
     state = request.app.state
     if not name.strip() or len(name) > _NAME_LIMIT or name != name.strip():
         message = f"model: a name of 1 to {_NAME_LIMIT} characters, no leading or trailing spaces"
-        raise _refuse(400, message, "model")
+        raise invalid_request(400, message, "model")
     if name in state.served_models:
         what = "is loading" if state.served_models[name].loading else "is already served"
-        raise _refuse(400, f"the model '{name}' {what}: unload it first", "model")
+        raise invalid_request(400, f"the model '{name}' {what}: unload it first", "model")
     if name in served(request):
-        raise _refuse(400, f"'{name}' is the name of a served model or adapter: choose another", "model")
+        raise invalid_request(
+            400, f"'{name}' is the name of a served model or adapter: choose another", "model"
+        )
 
 
 def _checkpoint(request: Request, model_dir: str) -> Path:
@@ -61,12 +59,12 @@ def _checkpoint(request: Request, model_dir: str) -> Path:
         if resolved is None:
             allowed = ", ".join(str(root) for root in roots) or "none"
             message = f"model_dir: the path is outside MODEL_ALLOWED_DIRS ({allowed})"
-            raise _refuse(400, message, "model_dir")
+            raise invalid_request(400, message, "model_dir")
         if not (resolved / "config.json").is_file():
             message = f"model_dir: no checkpoint at {model_dir!r} (a directory with config.json)"
-            raise _refuse(404, message, "model_dir")
+            raise invalid_request(404, message, "model_dir")
     except (OSError, ValueError, RuntimeError):  # NUL bytes, symlink loops, permissions
-        raise _refuse(400, "model_dir: the path cannot be read", "model_dir") from None
+        raise invalid_request(400, "model_dir: the path cannot be read", "model_dir") from None
     return resolved
 
 
@@ -76,7 +74,7 @@ def _model_set(request: Request, name: str, model_dir: Path) -> ModelSet:
     try:
         check_unique([*(m.models for m in state.served_models.values()), model], "model")
     except ConfigError as error:
-        raise _refuse(400, str(error), "model") from None
+        raise invalid_request(400, str(error), "model") from None
     return model
 
 
@@ -95,7 +93,9 @@ async def _load(request: Request, model: ModelSet) -> None:
         for triton_name in reversed(loaded):
             await state.triton.unload(triton_name)
         await asyncio.to_thread(repository.remove_model, root, model)
-        raise _refuse(400, f"model_dir: the model does not load: {error.message}", "model_dir") from None
+        raise invalid_request(
+            400, f"model_dir: the model does not load: {error.message}", "model_dir"
+        ) from None
 
 
 async def _traits(request: Request, model_dir: str) -> ModelTraits:
@@ -104,7 +104,7 @@ async def _traits(request: Request, model_dir: str) -> ModelTraits:
         return await asyncio.to_thread(request.app.state.read_traits, model_dir)
     except (OSError, ValueError, AttributeError) as error:  # unreadable or malformed JSON
         message = f"model_dir: its config.json or chat template cannot be read: {error}"
-        raise _refuse(400, message, "model_dir") from None
+        raise invalid_request(400, message, "model_dir") from None
 
 
 def _card(request: Request, model: ServedModel) -> dict:
@@ -118,7 +118,7 @@ async def load_model(model: str, body: LoadModelRequest, request: Request) -> di
     """Serve the checkpoint at `model_dir` (under MODEL_ALLOWED_DIRS) as the model named `model`."""
     state = request.app.state
     if not state.model_repository:
-        raise _refuse(400, "loading models is off: the server sets no MODEL_REPOSITORY", "model_dir")
+        raise invalid_request(400, "loading models is off: the server sets no MODEL_REPOSITORY", "model_dir")
     _check_new_name(request, model)
     models = _model_set(request, model, _checkpoint(request, body.model_dir))
     served_model = ServedModel(models, await _traits(request, models.model_dir), loading=True)
@@ -148,11 +148,13 @@ async def unload_model(model: str, request: Request) -> dict:
     if served_model is None:
         known = ", ".join(f"'{n}'" for n in state.served_models)
         message = f"the model '{model}' is not served; the generative models are {known}"
-        raise _refuse(404, message, "model")
+        raise invalid_request(404, message, "model")
     if model == state.model_name:
-        raise _refuse(400, f"'{model}' is the default model (the first of MODEL_DIRS): it stays", "model")
+        raise invalid_request(
+            400, f"'{model}' is the default model (the first of MODEL_DIRS): it stays", "model"
+        )
     if served_model.loading:
-        raise _refuse(400, f"the model '{model}' is loading: unload it once it serves", "model")
+        raise invalid_request(400, f"the model '{model}' is loading: unload it once it serves", "model")
     del state.served_models[model]  # new requests: 404
     await served_model.in_use.idle()
     for triton_name in reversed(served_model.models.triton_names()):  # the ensemble first
