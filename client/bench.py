@@ -47,7 +47,7 @@ import torch
 
 from client import load
 from client.load import Prompt, Result
-from client.memory import PeakRss
+from client.usage import ServerUsage
 from tritonlm import launcher
 from tritonlm.tiny_model import count_parameters
 
@@ -274,7 +274,8 @@ def _run_openai_server(
         )
     try:
         launcher.wait_ready(f"http://127.0.0.1:{port}/health", process, ready_timeout, desc)
-        with PeakRss([process.pid]) as memory:
+        client_cpu = time.process_time()
+        with ServerUsage([process.pid]) as usage:
             report, results = asyncio.run(
                 load.benchmark(
                     "openai",
@@ -288,7 +289,7 @@ def _run_openai_server(
                     desc=desc,
                 )
             )
-        report["peak_rss_mib"] = memory.peak_mib
+        report.update(_usage_report(usage, time.process_time() - client_cpu))
         return report, results
     finally:
         launcher.stop(process)
@@ -331,7 +332,8 @@ def run_ours(
         args.api_used = args.api_used or api
         url = f"127.0.0.1:{ports.grpc}" if api == "grpc" else http
         metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
-        with PeakRss([triton.pid, frontend.pid]) as memory:
+        client_cpu = time.process_time()
+        with ServerUsage([triton.pid, frontend.pid]) as usage:
             report, results = asyncio.run(
                 load.benchmark(
                     api,
@@ -346,7 +348,7 @@ def run_ours(
                     extra={"structured_outputs": {"json": BENCH_SCHEMA}} if structured else None,
                 )
             )
-        report["peak_rss_mib"] = memory.peak_mib
+        report.update(_usage_report(usage, time.process_time() - client_cpu))
         if structured:
             time.sleep(1.5)  # the engine publishes its statistics every 0.5 s
             stats = engine_stats(metrics)
@@ -365,6 +367,21 @@ def run_ours(
 
 # --------------------------------------------------------------------------------------------------
 # Report
+
+
+def _usage_report(usage: ServerUsage, client_cpu_s: float) -> dict:
+    """Peak RSS of a server's processes, and where the CPU went while it served (warm-up
+    included): seconds per server process label, and the load generator's (this process)."""
+    return {
+        "peak_rss_mib": usage.peak_mib,
+        "cpu_s": {**dict(sorted(usage.cpu_s.items(), key=lambda kv: -kv[1])), "load generator": client_cpu_s},
+    }
+
+
+def cpu_breakdown(report: dict) -> str:
+    """`label 12.3 s (0.95 cores)` per process, over the load's duration, largest first."""
+    wall = report["duration_s"]
+    return ", ".join(f"{k} {v:.1f} s ({v / wall:.2f} cores)" for k, v in report["cpu_s"].items() if v >= 0.05)
 
 
 def table(reports: dict[str, dict], limit: float) -> str:
@@ -515,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{rates[dtype] / 1e9:.0f} GFLOP/s ({dtype} matmul, measured) = {limits[dtype]:.0f} output tok/s"
         )
         print(table(reports[dtype], limits[dtype]))
+        for key, r in reports[dtype].items():
+            if r.get("cpu_s"):
+                print(f"{dtype}: CPU of {NAMES[key]}: {cpu_breakdown(r)}")
         ours = reports[dtype].get("4", {}).get("output_throughput")
         for key, target in (("5", 1.2), ("2", 1.0)):
             if ours and key in reports[dtype]:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import httpx
 
-from client.memory import rss_mib
 from client.served import supervised
 from client.soak_mix import KINDS, Target, failed
+from client.usage import rss_mib
 from tritonlm import launcher
 from tritonlm.multimodal.architectures import media_kinds
 from tritonlm.processes import group_members

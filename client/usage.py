@@ -1,0 +1,97 @@
+"""What served processes use: resident memory (the soak's growth per process, the bench's peak of a
+system's processes) and CPU time per process (the bench's breakdown of where a system's cores went
+while it served)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from types import TracebackType
+
+from tritonlm.processes import group_members
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float | None:
+    """VmRSS of `pid` in MiB, None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User and system CPU seconds `pid` has used, None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; utime, stime are 14, 15
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def process_label(pid: int) -> str:
+    """A short name: a Python-backend stub by its model (`stub:engine`), a Python process by its
+    module (`python:frontend.app`), anything else by its executable."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return str(pid)
+    name = Path(args[0]).name
+    if name == "triton_python_backend_stub" and len(args) > 1:
+        return f"stub:{Path(args[1]).parent.parent.name}"  # <repository>/<model>/1/model.py
+    if name.startswith("python") and "-m" in args[:-1]:
+        return f"python:{args[args.index('-m') + 1]}"
+    try:  # a process that renamed itself (vLLM's EngineCore)
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        comm = name
+    return comm if comm and not comm.startswith("python") else name
+
+
+class ServerUsage:
+    """While open, samples every `every` seconds the process groups led by `leaders` (each server
+    is started in a session of its own: tritonserver with its stubs, a peer's API server with its
+    engine processes): `peak_mib` is the largest summed RSS seen, `cpu_s` each process label's CPU
+    seconds used while open (summed over processes of one label)."""
+
+    def __init__(self, leaders: list[int], every: float = 0.5) -> None:
+        self.leaders = leaders
+        self.every = every
+        self.peak_mib = 0.0
+        self.cpu_s: dict[str, float] = {}
+        self._first: dict[int, float] = {}  # pid -> CPU seconds when first seen
+        self._last: dict[int, float] = {}
+        self._labels: dict[int, str] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="server-usage", daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            pids = {pid for leader in self.leaders for pid in group_members(leader)}
+            self.peak_mib = max(self.peak_mib, sum(rss_mib(pid) or 0.0 for pid in pids))
+            for pid in pids:
+                used = cpu_seconds(pid)
+                if used is None:
+                    continue
+                if pid not in self._first:
+                    self._first[pid], self._labels[pid] = used, process_label(pid)
+                self._last[pid] = used
+            if self._done.wait(self.every):
+                return
+
+    def __enter__(self) -> ServerUsage:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self._done.set()
+        self._thread.join()
+        for pid, first in self._first.items():
+            label = self._labels[pid]
+            self.cpu_s[label] = self.cpu_s.get(label, 0.0) + self._last[pid] - first
