@@ -53,7 +53,7 @@ def _each(fns: object) -> Callable[[], None]:
 
 def layer(args: argparse.Namespace, dtype: torch.dtype, seed: int) -> dict[str, Callable[[], object]]:
     """One layer's decode attention by each way, over the same keys and values."""
-    from tritonlm.worker.attention import cpu_kernels
+    from tritonlm.worker import cpu_kernels
 
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(129, 193, (args.batch,), generator=gen)

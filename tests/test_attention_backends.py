@@ -12,8 +12,7 @@ from engine_helpers import sequence
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.scheduler import Scheduler
-from tritonlm.worker import attention, step_inputs
-from tritonlm.worker.attention import cpu_kernels
+from tritonlm.worker import attention, cpu_kernels, step_inputs
 from tritonlm.worker.attention.base import AttentionBackend
 from tritonlm.worker.attention.registry import BACKENDS
 from tritonlm.worker.model_runner import ModelRunner

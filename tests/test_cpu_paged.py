@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tritonlm.config import EngineConfig
-from tritonlm.worker import attention
-from tritonlm.worker.attention import cpu_kernels
+from tritonlm.worker import attention, cpu_kernels
 from tritonlm.worker.model_runner import ModelRunner
 
 CPU = torch.device("cpu")

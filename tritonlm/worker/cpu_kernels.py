@@ -1,12 +1,14 @@
-"""Our C++ CPU attention kernel (`csrc/cpu_attention.cpp`): built ahead of time, loaded when used.
+"""Our C++ CPU kernels: the `cpu_paged` backend's attention (`csrc/cpu_attention.cpp`) and the
+decoder layer's RMSNorm and SiLU-and-mul (`csrc/cpu_layer_ops.cpp`, used by `worker/fused.py`), in
+one library built ahead of time and loaded when used.
 
-`make setup` builds it (`python -m tritonlm.worker.attention.cpu_kernels`, through
+`make setup` builds it (`python -m tritonlm.worker.cpu_kernels`, through
 `tritonlm/setup.py`) with `torch.utils.cpp_extension` into `build/cpu_attention/`, beside a
-fingerprint of the source and the torch version it was built for; nothing is compiled at run time.
+fingerprint of the sources and the torch version it was built for; nothing is compiled at run time.
 `kernels()` loads it once and gives its ops (`torch.ops.tritonlm_cpu`), or says why they cannot run
 here (`unavailable`): not built, built from another source or torch, or a CPU (or
-`ATEN_CPU_CAPABILITY`) without AVX-512. The kernel holds its own plain C++ loop too, which the
-tests compare with the AVX-512 one; the backend itself is offered only with AVX-512.
+`ATEN_CPU_CAPABILITY`) without AVX-512. Each kernel holds a plain C++ loop too, which the tests
+compare with the AVX-512 one; the backend and the layer ops are used only with AVX-512.
 """
 
 from __future__ import annotations
@@ -19,25 +21,30 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[3]
-SOURCE = ROOT / "csrc" / "cpu_attention.cpp"
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = [ROOT / "csrc" / name for name in ("cpu_vector.h", "cpu_attention.cpp", "cpu_layer_ops.cpp")]
 BUILD_DIR = ROOT / "build" / "cpu_attention"
 NAME = "tritonlm_cpu_attention"
 LIBRARY = BUILD_DIR / f"{NAME}.so"
 FINGERPRINT = BUILD_DIR / "fingerprint"
-CFLAGS = ["-O3"]  # no -march: the AVX-512 loop has its own target attribute, chosen at run time
+# No -march: the AVX-512 loops have their own target attribute, chosen at run time. -fopenmp: without
+# it at::parallel_for compiles to a serial loop (torch's threads are OpenMP's; the library then
+# links the libgomp torch has loaded).
+CFLAGS = ["-O3", "-fopenmp"]
 
 
 def fingerprint() -> str:
-    """What the built library must have been built from: this source, these flags, this torch."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    """What the built library must have been built from: these sources, these flags, this torch."""
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
     digest.update(" ".join([*CFLAGS, torch.__version__]).encode())
     return digest.hexdigest()
 
 
 def built() -> bool:
     return (
-        SOURCE.exists()
+        all(source.exists() for source in SOURCES)
         and LIBRARY.exists()
         and FINGERPRINT.exists()
         and FINGERPRINT.read_text() == fingerprint()
@@ -56,8 +63,9 @@ def build() -> Path:
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
     cpp_extension.load(
         name=NAME,
-        sources=[str(SOURCE)],
+        sources=[str(source) for source in SOURCES if source.suffix == ".cpp"],
         extra_cflags=CFLAGS,
+        extra_ldflags=["-fopenmp"],
         build_directory=str(BUILD_DIR),
         is_python_module=False,
         verbose=False,
@@ -69,8 +77,9 @@ def build() -> Path:
 @functools.cache
 def _load() -> tuple[object | None, str]:
     if not built():
-        if not SOURCE.exists():
-            return None, f"its source {SOURCE} is missing"
+        missing = [str(source) for source in SOURCES if not source.exists()]
+        if missing:
+            return None, f"its sources {', '.join(missing)} are missing"
         why = "not built" if not LIBRARY.exists() else "built from another source or torch"
         return None, f"{LIBRARY} is {why} (run `make setup`)"
     try:
@@ -81,14 +90,15 @@ def _load() -> tuple[object | None, str]:
 
 
 def kernels() -> object:
-    """The kernel's ops (`paged_decode`, `has_vector_path`); call only when `unavailable()` is None."""
+    """The kernels' ops (`paged_decode`, `rms_norm`, `silu_and_mul`, `has_vector_path`); call only
+    when `unavailable()` is None."""
     ops, why = _load()
     assert ops is not None, why
     return ops
 
 
 def unavailable() -> str | None:
-    """Why the AVX-512 kernel cannot run here, or None when it can."""
+    """Why the AVX-512 kernels cannot run here, or None when they can."""
     ops, why = _load()
     if ops is None:
         return why
@@ -102,8 +112,8 @@ def unavailable() -> str | None:
 
 if __name__ == "__main__":
     try:
-        print(f"CPU attention kernel: {build()}")
+        print(f"CPU kernels: {build()}")
     except Exception as error:  # a machine without a compiler still serves, on the sdpa backend
-        why = f"warning: the CPU attention kernel did not build ({error}); the sdpa backend is used"
+        why = f"warning: the CPU kernels did not build ({error}); sdpa and torch's own ops are used"
         print(why, file=sys.stderr)
         raise SystemExit(1) from error
