@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -435,7 +436,9 @@ def plot(reports: dict[str, dict[str, dict]], limits: dict[str, float], path: Pa
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], Path]:
+    """The command line: its arguments, the dtypes to run, and the model directory (the bench
+    model generated when it is the default and missing)."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -458,8 +461,6 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = [d for d in args.dtypes.split(",") if d]
     if not dtypes or set(dtypes) - set(DTYPES):
         parser.error(f"--dtypes: comma-separated, of {', '.join(DTYPES)}")
-    # `timeout` and friends send SIGTERM: exit through the `finally`s that stop the servers.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model_dir = args.model_dir.resolve()
     if not (model_dir / "config.json").exists():
         if model_dir != BENCH_MODEL_DIR:
@@ -467,6 +468,96 @@ def main(argv: list[str] | None = None) -> int:
         from tritonlm.tiny_model import generate
 
         generate(model_dir, size="bench")
+    return args, dtypes, model_dir
+
+
+def print_summary(
+    dtype: str, by_system: dict[str, dict], rate: float, total_flops: float, limit: float
+) -> None:
+    """One dtype's table, where each server's CPU went, and the targets' verdicts."""
+    print(
+        f"\n{dtype}: physical limit {total_flops / 1e9:.0f} GFLOP of forward passes at "
+        f"{rate / 1e9:.0f} GFLOP/s ({dtype} matmul, measured) = {limit:.0f} output tok/s"
+    )
+    print(table(by_system, limit))
+    for key, r in by_system.items():
+        if r.get("cpu_s"):
+            print(f"{dtype}: CPU of {NAMES[key]}: {cpu_breakdown(r)}")
+    ours = by_system.get("4", {}).get("output_throughput")
+    for key, target in (("5", 1.2), ("2", 1.0)):
+        if ours and key in by_system:
+            got = ours / by_system[key]["output_throughput"]
+            verdict = "ok" if got >= target else "BELOW TARGET"
+            print(f"{dtype}: (4) / {NAMES[key][:3]} = {got:.2f}x (target >= {target}x): {verdict}")
+    structured = by_system.get("6")
+    if structured:
+        fraction = structured["grammar_mask_fraction"]
+        verdict = "ok" if fraction < 0.1 else "ABOVE TARGET"
+        ratio = f"{structured['output_throughput'] / ours:.2f}x of (4), " if ours else ""
+        print(
+            f"{dtype}: (6) json_schema: {ratio}grammar mask {fraction:.1%} of its steps' time "
+            f"(target < 10%): {verdict}"
+        )
+    lookup, plain = by_system.get("8"), by_system.get("7")
+    if lookup:
+        accepted = lookup.get("spec_acceptance_rate")
+        speedup = f", {lookup['output_throughput'] / plain['output_throughput']:.2f}x (7)" if plain else ""
+        shown = accepted if accepted is None else f"{accepted:.2f}"
+        print(f"{dtype}: prompt lookup: acceptance rate {shown}{speedup}")
+
+
+def print_warnings(
+    reports: dict[str, dict[str, dict]], output_tokens: int, skipped: dict[str, str], load_before: float
+) -> None:
+    """Systems that fell short of the tokens or failed requests, systems skipped, and a busy machine."""
+    for dtype, by_system in reports.items():
+        for key, r in by_system.items():
+            if r["total_output_tokens"] != output_tokens or r["failed"]:
+                print(
+                    f"warning: {NAMES[key]} {dtype} produced {r['total_output_tokens']} of "
+                    f"{output_tokens} tokens, {r['failed']} failed: {r['errors']}"
+                )
+    for label, why in skipped.items():
+        print(f"skipped {label}: {why}")
+    seen = [r["load_average_before"] for by_system in reports.values() for r in by_system.values()]
+    busy = max([load_before, os.getloadavg()[0], *seen])
+    if busy > 1.5:  # torch threads oversubscribed by other processes slow down several times over
+        print(
+            f"warning: load average up to {busy:.1f} on {os.cpu_count()} CPUs from other processes: "
+            "these numbers are not comparable to a quiet machine's"
+        )
+
+
+def run_systems(
+    runners: dict[str, Callable[[str], tuple[dict, list]]], dtypes: list[str], systems: str, logs: Path
+) -> tuple[dict[str, dict[str, dict]], dict[str, list], dict[str, str]]:
+    """Each system of `systems` in each dtype, one after the other: the reports by dtype and
+    system, each run's per-request results, and the systems skipped (with why)."""
+    reports: dict[str, dict[str, dict]] = {dtype: {} for dtype in dtypes}
+    requests: dict[str, list] = {}
+    skipped: dict[str, str] = {}
+    for dtype in dtypes:
+        for key in sorted(set(systems) & set(runners)):
+            label = f"{NAMES[key]} {dtype}"
+            busy = os.getloadavg()[0]  # other processes' CPU use skews everything on a 2-core machine
+            try:
+                reports[dtype][key], results = runners[key](dtype)
+            except Exception as exc:  # one system failing must not lose the others' numbers
+                skipped[label] = f"{type(exc).__name__}: {exc}"
+                print(f"{label}: skipped: {skipped[label]} (logs: {logs})", file=sys.stderr, flush=True)
+                continue
+            finally:
+                gc.collect()  # drop (1)-(2)'s model before the servers start
+            reports[dtype][key]["load_average_before"] = busy
+            requests[label] = [asdict(r) for r in results]
+            print(load.format_report(label, reports[dtype][key]), flush=True)
+    return reports, requests, skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, dtypes, model_dir = _arguments(argv)
+    # `timeout` and friends send SIGTERM: exit through the `finally`s that stop the servers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from transformers import AutoTokenizer
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -496,24 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         "7": lambda dtype: run_ours(model_dir, repeated, args, logs, dtype, "7"),
         "8": lambda dtype: run_ours(model_dir, repeated, args, logs, dtype, "8", PROMPT_LOOKUP),
     }
-    reports: dict[str, dict[str, dict]] = {dtype: {} for dtype in dtypes}
-    requests: dict[str, list] = {}
-    skipped: dict[str, str] = {}
-    for dtype in dtypes:
-        for key in sorted(set(args.systems) & set(runners)):
-            label = f"{NAMES[key]} {dtype}"
-            busy = os.getloadavg()[0]  # other processes' CPU use skews everything on a 2-core machine
-            try:
-                reports[dtype][key], results = runners[key](dtype)
-            except Exception as exc:  # one system failing must not lose the others' numbers
-                skipped[label] = f"{type(exc).__name__}: {exc}"
-                print(f"{label}: skipped: {skipped[label]} (logs: {logs})", file=sys.stderr, flush=True)
-                continue
-            finally:
-                gc.collect()  # drop (1)-(2)'s model before the servers start
-            reports[dtype][key]["load_average_before"] = busy
-            requests[label] = [asdict(r) for r in results]
-            print(load.format_report(label, reports[dtype][key]), flush=True)
+    reports, requests, skipped = run_systems(runners, dtypes, args.systems, logs)
 
     rates = {d: max(r, matmul_flops_per_s(d)) for d, r in rates.items()}  # the best rate this run saw
     total_flops = sum(forward_flops(config, p.prompt_len, p.output_len) for p in prompts)
@@ -527,54 +601,8 @@ def main(argv: list[str] | None = None) -> int:
         f"({n_params / 1e6:.1f}M parameters)"
     )
     for dtype in dtypes:
-        print(
-            f"\n{dtype}: physical limit {total_flops / 1e9:.0f} GFLOP of forward passes at "
-            f"{rates[dtype] / 1e9:.0f} GFLOP/s ({dtype} matmul, measured) = {limits[dtype]:.0f} output tok/s"
-        )
-        print(table(reports[dtype], limits[dtype]))
-        for key, r in reports[dtype].items():
-            if r.get("cpu_s"):
-                print(f"{dtype}: CPU of {NAMES[key]}: {cpu_breakdown(r)}")
-        ours = reports[dtype].get("4", {}).get("output_throughput")
-        for key, target in (("5", 1.2), ("2", 1.0)):
-            if ours and key in reports[dtype]:
-                got = ours / reports[dtype][key]["output_throughput"]
-                verdict = "ok" if got >= target else "BELOW TARGET"
-                print(f"{dtype}: (4) / {NAMES[key][:3]} = {got:.2f}x (target >= {target}x): {verdict}")
-        structured = reports[dtype].get("6")
-        if structured:
-            fraction = structured["grammar_mask_fraction"]
-            verdict = "ok" if fraction < 0.1 else "ABOVE TARGET"
-            ratio = f"{structured['output_throughput'] / ours:.2f}x of (4), " if ours else ""
-            print(
-                f"{dtype}: (6) json_schema: {ratio}grammar mask {fraction:.1%} of its steps' time "
-                f"(target < 10%): {verdict}"
-            )
-        lookup, plain = reports[dtype].get("8"), reports[dtype].get("7")
-        if lookup:
-            rate = lookup.get("spec_acceptance_rate")
-            speedup = (
-                f", {lookup['output_throughput'] / plain['output_throughput']:.2f}x (7)" if plain else ""
-            )
-            print(
-                f"{dtype}: prompt lookup: acceptance rate {rate if rate is None else f'{rate:.2f}'}{speedup}"
-            )
-    for dtype, by_system in reports.items():
-        for key, r in by_system.items():
-            if r["total_output_tokens"] != output_tokens or r["failed"]:
-                print(
-                    f"warning: {NAMES[key]} {dtype} produced {r['total_output_tokens']} of "
-                    f"{output_tokens} tokens, {r['failed']} failed: {r['errors']}"
-                )
-    for label, why in skipped.items():
-        print(f"skipped {label}: {why}")
-    seen = [r["load_average_before"] for by_system in reports.values() for r in by_system.values()]
-    busy = max([load_before[0], os.getloadavg()[0], *seen])
-    if busy > 1.5:  # torch threads oversubscribed by other processes slow down several times over
-        print(
-            f"warning: load average up to {busy:.1f} on {os.cpu_count()} CPUs from other processes: "
-            "these numbers are not comparable to a quiet machine's"
-        )
+        print_summary(dtype, reports[dtype], rates[dtype], total_flops, limits[dtype])
+    print_warnings(reports, output_tokens, skipped, load_before[0])
 
     out = args.out_dir / f"bench-{stamp}"
     payload = {
