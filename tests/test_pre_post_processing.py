@@ -526,6 +526,50 @@ def test_engine_makes_postprocessing_text_when_asked(byte_level) -> None:
     assert len(builder.text) == 0
 
 
+def test_compact_stream_sends_the_totals_first_and_the_timings_last(byte_level) -> None:
+    """compact_stream: a stream's middle responses carry their new tokens' outputs alone; the first
+    adds the request's totals, the final adds everything, with the step timings of every token (so
+    the timings and texts a client gathers are those of a stream without it)."""
+    from tritonlm.engine.sequence import Sequence, TokenTiming, text_stream
+    from tritonlm.serving.engine_inputs import parse_request
+    from tritonlm.serving.engine_outputs import ResponseBuilder
+
+    ids = byte_level.encode("one two three", add_special_tokens=False)
+    wanted = ("text_output", "output_ids", "sequence_length", "finish_reason", "stop_reason")
+    wanted += ("prompt_tokens", "cached_tokens", "batch_size", "decode_ms", "token_special")
+    gathered: dict[bool, list[dict]] = {}
+    for compact in (False, True):
+        request = {
+            "input_ids": np.array([[5, 6]], dtype=np.int32),
+            "request_output_len": np.array([[len(ids)]], dtype=np.int32),
+            "streaming": np.array([True]),
+            "compact_stream": np.array([compact]),
+        }
+        seq = Sequence(parse_request(request, len(byte_level), 512, text_wanted=True))
+        seq.text = text_stream(seq.request, byte_level)
+        builder, responses = ResponseBuilder(byte_level), []
+        for i, token in enumerate(ids):
+            seq.output_ids.append(token)
+            seq.out.timings.append(TokenTiming(i + 1, 0, float(i)))
+            seq.out.texts.append(seq.text.add([token]))
+            finish = "length" if i == len(ids) - 1 else ""
+            if finish:
+                seq.out.text_end = seq.text.finish()
+            responses.append(builder.build(seq, i, i + 1, finish, wanted))
+        gathered[compact] = responses
+    plain, compact = gathered[False], gathered[True]
+    assert all(set(r) == set(wanted) for r in plain)
+    assert set(compact[0]) == set(wanted) - {"batch_size", "decode_ms"}
+    assert all(set(r) == {"text_output", "output_ids", "token_special"} for r in compact[1:-1])
+    assert set(compact[-1]) == set(wanted)
+    for name in ("text_output", "output_ids", "token_special"):
+        assert [r[name].tolist() for r in plain] == [r[name].tolist() for r in compact], name
+    for name in ("batch_size", "decode_ms"):
+        every = [v for r in plain for v in r[name].tolist()]
+        assert compact[-1][name].tolist() == every == [float(i + (name == "batch_size")) for i in range(len(ids))]
+    assert compact[0]["prompt_tokens"].tolist() == compact[-1]["prompt_tokens"].tolist() == [2]
+
+
 def test_exclude_input_in_output_false_puts_the_prompt_in_the_rows(byte_level) -> None:
     """The engine's one answer to a request not streamed, with exclude_input_in_output false: the
     prompt starts output_ids and counts in sequence_length; the text (the engine's and

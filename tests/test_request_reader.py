@@ -165,6 +165,7 @@ BEAMS = {"beam_width": [2]}
         ({**BEAMS, "guided_decoding_guide_type": "json"}, "guided_decoding_guide", "not available"),
         ({**BEAMS, "draft_input_ids": [4, 5]}, "draft_input_ids", "not with beam search"),
         ({"guided_decoding_guide_type": "json", "draft_input_ids": [4]}, "draft_input_ids", "guided"),
+        ({"compact_stream": [True]}, "compact_stream", "only for a streaming request"),
     ],
 )
 def test_rules_across_groups_refuse_what_cannot_be_honoured(extra, name, message):

@@ -101,6 +101,7 @@ class Job:
     truncate_to_fit: bool = False  # Databricks' error_behavior "truncate"
     stream: bool = False
     stream_usage: bool = True  # usage on the last chunk of a stream
+    token_special: bool = False  # whether each token is special (TGI's stream events say)
     guide: Guide | None = None  # constrain the output (guided decoding)
     lora_name: str | None = None  # a LoRA adapter the engine loaded at start-up (lora_modules)
     lora: RuntimeAdapter | None = None  # or one loaded at run time (engine_client.lora)
@@ -181,7 +182,10 @@ class Job:
 
     def _engine_values(self, index: int) -> dict[str, Any]:
         """Decoding settings, by the engine's input names."""
-        values: dict[str, Any] = {"streaming": self.stream and not self.beam_search}
+        streaming = self.stream and not self.beam_search
+        values: dict[str, Any] = {"streaming": streaming}
+        if streaming:  # the totals and timings once, not in every response (the usage needs them at the end)
+            values["compact_stream"] = True
         if self.beam_search:
             values["beam_width"] = self.best_of  # deterministic: no sampling inputs
         else:

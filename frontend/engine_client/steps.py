@@ -135,7 +135,6 @@ STEP_OUTPUTS = (
     "sequence_length",
     "finish_reason",
     "stop_reason",
-    "token_special",  # TGI's stream events say whether each token is special
     "prompt_tokens",
     "cached_tokens",
     "prefill_ms",
@@ -157,9 +156,11 @@ LOGPROB_OUTPUTS = (
 )
 
 
-def step_outputs(with_logprobs: bool) -> tuple[str, ...]:
-    """What to ask Triton for: every output costs a copy per response, on every hop."""
-    return STEP_OUTPUTS + LOGPROB_OUTPUTS if with_logprobs else STEP_OUTPUTS
+def step_outputs(with_logprobs: bool, token_special: bool = False) -> tuple[str, ...]:
+    """What to ask Triton for: every output costs a copy per response, on every hop.
+    `token_special`: whether each token is special (TGI's stream events say)."""
+    outputs = STEP_OUTPUTS + LOGPROB_OUTPUTS if with_logprobs else STEP_OUTPUTS
+    return (*outputs, "token_special") if token_special else outputs
 
 
 def beam_count(outputs: dict[str, np.ndarray]) -> int:
@@ -237,7 +238,8 @@ async def steps(triton: Triton, job: Job, index: int = 0) -> AsyncGenerator[Step
     """Sequence `index` of `job`, step by step; a model's error is renamed into the job's API."""
     # aclosing: closing this generator must close Triton's stream now (which cancels the request),
     # not whenever the garbage collector gets to it.
-    upstream = EngineClient(triton, job.served).stream(job, index, step_outputs(job.with_logprobs))
+    outputs = step_outputs(job.with_logprobs, job.token_special)
+    upstream = EngineClient(triton, job.served).stream(job, index, outputs)
     tracker = SequenceTracker(counts_prompt=index == 0)  # token counts and timings for logs, metrics
     async with contextlib.aclosing(upstream) as responses:
         try:

@@ -75,6 +75,7 @@ def plan(req: GenerateRequest) -> Job:
         prompt_parts=prompt_parts,
         max_tokens=p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
         stream=req.stream,
+        token_special=True,
         sample=sample,
         temperature=p.temperature if sample else None,
         top_p=p.top_p if sample else None,

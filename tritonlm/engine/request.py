@@ -93,6 +93,7 @@ class Request:
     max_new_tokens: int
     params: SamplingParams
     streaming: bool = False  # one response per step that made tokens, else one at the end
+    compact_stream: bool = False  # streamed: responses between the first and the final are lean
     stop_words: tuple[tuple[int, ...], ...] = ()  # token sequences that end the generation
     stop_strings: tuple[str, ...] = ()  # texts that end the generation
     beam_width: int = 1  # > 1: a beam search (engine.beam_group)

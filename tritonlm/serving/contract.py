@@ -171,6 +171,12 @@ ENGINE_INPUTS: tuple[Tensor, ...] = (
     # count for request_output_len, min_length, penalties, the guide, stop words and strings, the
     # text), each draw stays the one of its position (random_seed), and only later tokens are sent.
     _scalar("resume_output_len", "INT32", 0, _AT_LEAST_0),
+    # Extension (the HTTP frontend sets it): a streamed request's responses between its first and
+    # its final one carry only the outputs of their new tokens (PER_TOKEN_OUTPUTS); the first
+    # carries the rest too, and the final carries everything, the step timings (STEP_TIMINGS) of all
+    # the request's tokens among it. Every output of every response is a copy through the server and
+    # a field to parse for the client: per token, that is most of what serving costs on a small model.
+    _scalar("compact_stream", "BOOL", False),
 )
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar", "structural_tag")
@@ -247,6 +253,14 @@ ENGINE_OUTPUTS: tuple[Tensor, ...] = (
     Tensor("include_stop_str_in_output", "BOOL", (1,)),
     *TEXT_OUTPUTS,
 )
+
+# compact_stream: what a response between a stream's first and final ones carries (of what was asked
+# for), and what its final one carries for every token instead of for its own.
+PER_TOKEN_OUTPUTS = frozenset(
+    {"output_ids", "output_log_probs", "cum_log_probs", "generation_logits", "top_log_probs", "top_ids"}
+    | {"num_output_tokens", "text_output", "token_texts", "token_special", "top_token_texts"}
+)
+STEP_TIMINGS = frozenset({"batch_size", "queue_wait_us", "decode_ms"})
 
 FINISH_REASONS = ("length", "end_id", "stop_words", "cancelled")  # "error" fails the request instead
 

@@ -87,6 +87,7 @@ def parse_request(
         max_new_tokens=prompt.max_new_tokens,
         params=params,
         streaming=streaming,
+        compact_stream=reader.flag("compact_stream"),
         stop_words=tuple(tuple(w) for w in stops.words),
         stop_strings=tuple(dict.fromkeys(stops.strings)),
         beam_width=beams.width,
@@ -116,6 +117,7 @@ def check_combinations(
     streaming: bool,
 ) -> None:
     """The rules that span groups of tensors: what one setting excludes is refused, never ignored."""
+    _check(streaming or not reader.flag("compact_stream"), "compact_stream: only for a streaming request")
     if params.num_top_log_probs or params.return_prompt_log_probs:
         _check(params.return_log_probs, "num_top_log_probs and return_prompt_log_probs need return_log_probs")
     if prompt.embeds is not None:  # table ids are no tokens: they have no log probs

@@ -62,16 +62,24 @@ def _reported(seq: Sequence, n: int, block_size: int) -> dict[str, object]:
 
 
 def response_tensors(
-    seq: Sequence, first: int, end: int, finish_reason: str, block_size: int = 1
+    seq: Sequence,
+    first: int,
+    end: int,
+    finish_reason: str,
+    block_size: int = 1,
+    names: Collection[str] | None = None,
+    timings_from: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Tensors for the tokens `seq.output_ids[first:end]` (beam width 1). The engine thread may have
     appended more tokens since, so the caller passes the range and finish reason it was told about.
     Every declared output is present in every response (empty when not requested), so ensembles can
-    route them unconditionally. `block_size`: the KV cache's, for the block counts of return_perf_metrics."""
+    route them unconditionally. `block_size`: the KV cache's, for the block counts of return_perf_metrics.
+    `names`: only these outputs (None: all). `timings_from`: the step timings cover the tokens from
+    this one (None: `first`; compact_stream's final response has them all)."""
     request, out = seq.request, seq.out
     params = request.params
     ids = seq.output_ids[first:end]
-    timings = out.timings[first:end]
+    timings = out.timings[first if timings_from is None else timings_from : end]
     n = len(ids)
     k = params.num_top_log_probs
     log_probs = out.log_probs[first:end] if params.return_log_probs else []
@@ -110,7 +118,11 @@ def response_tensors(
     }
     if first == 0 and out.prompt_positions and params.return_prompt_log_probs:
         values.update(_prompt_log_probs(seq))
-    return {name: np.asarray(value, dtype=_DTYPES[name]) for name, value in values.items()}
+    return {
+        name: np.asarray(value, dtype=_DTYPES[name])
+        for name, value in values.items()
+        if names is None or name in names
+    }
 
 
 def beam_response_tensors(
@@ -152,6 +164,7 @@ def beam_response_tensors(
 
 
 _STREAM_TEXTS = frozenset({"text_output", "stop_reason"})
+_TEXT_SOURCES = frozenset(t.name for t in contract.POSTPROCESSING_INPUTS)
 
 
 class ResponseBuilder:
@@ -170,12 +183,19 @@ class ResponseBuilder:
     ) -> dict[str, np.ndarray]:
         """`wanted`: the output names the client asked for; None: all of them."""
         group = seq.group
-        texts = TEXT_NAMES if wanted is None else TEXT_NAMES.intersection(wanted)
+        names = _response_names(seq, first, finish_reason, wanted)
+        texts = TEXT_NAMES if names is None else TEXT_NAMES.intersection(names)
         beams = group is not None and bool(group.results)
         if beams:
             tensors = beam_response_tensors(seq, group.results, group.finish_reasons(), self.block_size)
         else:
-            tensors = response_tensors(seq, first, end, finish_reason, self.block_size)
+            # Texts other than the stream's are made from the response's tensors, as postprocessing would.
+            built = names
+            if names is not None and (texts - _STREAM_TEXTS or seq.request.echo_prompt):
+                built = frozenset(names) | _TEXT_SOURCES
+            all_timings = seq.request.compact_stream and bool(finish_reason)
+            timings_from = 0 if all_timings else None
+            tensors = response_tensors(seq, first, end, finish_reason, self.block_size, built, timings_from)
         if seq.request.echo_prompt:
             _with_prompt(seq, tensors)
         if beams or seq.request.echo_prompt:  # whole rows, answered once: their texts made from them
@@ -184,8 +204,8 @@ class ResponseBuilder:
             if texts - _STREAM_TEXTS:
                 tensors.update(self.text.texts(tensors, texts - _STREAM_TEXTS))
             if texts & _STREAM_TEXTS:
-                tensors.update(_stream_texts(seq, first, end, finish_reason))
-        return tensors if wanted is None else {name: tensors[name] for name in wanted if name in tensors}
+                tensors.update(_stream_texts(seq, first, end, finish_reason, texts))
+        return tensors if names is None else {name: tensors[name] for name in names if name in tensors}
 
     def build_rows(self, seqs: list[Sequence], wanted: Collection[str] | None) -> dict[str, np.ndarray]:
         """The one answer of a request not streamed that ran several sampled sequences (its
@@ -228,12 +248,34 @@ def _with_prompt(seq: Sequence, tensors: dict[str, np.ndarray]) -> None:
     tensors["sequence_length"] = tensors["sequence_length"] + len(prompt)
 
 
-def _stream_texts(seq: Sequence, first: int, end: int, finish_reason: str) -> dict[str, np.ndarray]:
-    """`text_output` and `stop_reason` of tokens [first, end) from the sequence's text stream."""
+def _stream_texts(
+    seq: Sequence, first: int, end: int, finish_reason: str, names: Collection[str]
+) -> dict[str, np.ndarray]:
+    """`text_output` and `stop_reason` (those in `names`) of tokens [first, end) from the
+    sequence's text stream."""
     out = seq.out
-    text = "".join(out.texts[first:end]) + (out.text_end if finish_reason else "")
-    matched = seq.text.matched if seq.text is not None and finish_reason else ""
-    return {
-        "text_output": np.asarray([text.encode("utf-8")], dtype=_DTYPES["text_output"]),
-        "stop_reason": np.asarray([matched.encode("utf-8")], dtype=_DTYPES["stop_reason"]),
-    }
+    texts: dict[str, np.ndarray] = {}
+    if "text_output" in names:
+        text = "".join(out.texts[first:end]) + (out.text_end if finish_reason else "")
+        texts["text_output"] = np.asarray([text.encode("utf-8")], dtype=_DTYPES["text_output"])
+    if "stop_reason" in names:
+        matched = seq.text.matched if seq.text is not None and finish_reason else ""
+        texts["stop_reason"] = np.asarray([matched.encode("utf-8")], dtype=_DTYPES["stop_reason"])
+    return texts
+
+
+def _response_names(
+    seq: Sequence, first: int, finish_reason: str, wanted: Collection[str] | None
+) -> Collection[str] | None:
+    """The outputs of this response: those asked for (None: all), and with compact_stream only the
+    new tokens' between a stream's first response and its final one; its first response has the
+    rest too, but the step timings, which its final one has for every token."""
+    if not seq.request.compact_stream or finish_reason:
+        return wanted
+    asked = _ALL_NAMES if wanted is None else frozenset(wanted)
+    if first == len(seq.request.resumed_ids):
+        return asked - contract.STEP_TIMINGS
+    return asked & contract.PER_TOKEN_OUTPUTS
+
+
+_ALL_NAMES = frozenset(_DTYPES)
