@@ -17,9 +17,12 @@ def temperature_of(params: SamplingParams) -> float:
 
 
 def apply_temperature(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """`logits` [rows, vocab] divided by each row's temperature (a new tensor)."""
-    temperature = torch.tensor([temperature_of(p) for p in params], device=logits.device)[:, None]
-    return logits / temperature
+    """`logits` [rows, vocab] divided by each row's temperature: a new tensor, or `logits` itself
+    when every temperature is 1 (a greedy batch: the division is a pass over the whole vocabulary)."""
+    temperatures = [temperature_of(p) for p in params]
+    if all(t == 1.0 for t in temperatures):
+        return logits
+    return logits / torch.tensor(temperatures, device=logits.device)[:, None]
 
 
 def filter_logits(logits: torch.Tensor, batch: list[SamplerInput]) -> torch.Tensor:

@@ -96,7 +96,9 @@ class Sampler:
         for seq in metadata.seqs:
             firsts.append(firsts[-1] + len(seq.inputs))
         singles = [firsts[k] for k, seq in enumerate(metadata.seqs) if not seq.proposals]
-        drawn = dict(zip(singles, choose(processed[singles], [inputs[r] for r in singles]), strict=True))
+        # Every row is a single draw in a plain decode step: no gather (a pass over the vocabulary).
+        rows = processed if len(singles) == len(processed) else processed[singles]
+        drawn = dict(zip(singles, choose(rows, [inputs[r] for r in singles]), strict=True))
         made: dict[int, SampledTokens] = {}
         for seq, first in zip(metadata.seqs, firsts, strict=False):
             if not seq.proposals:
