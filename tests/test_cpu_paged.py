@@ -140,17 +140,14 @@ def test_a_cpu_without_avx512_falls_back_to_sdpa_with_a_log_line():
 
 
 @needs_kernel
-def test_auto_takes_cpu_paged_in_bfloat16_and_sdpa_in_float32_or_without_the_kernel(
-    model_dir, monkeypatch, caplog
-):
+def test_auto_takes_cpu_paged_in_both_dtypes_and_sdpa_without_the_kernel(model_dir, monkeypatch, caplog):
     def chosen(dtype: str) -> str:
         config = EngineConfig(str(model_dir), dtype=dtype, max_num_seqs=4, max_seq_len=128)
         return ModelRunner(config).attention.name
 
-    assert chosen("bfloat16") == "cpu_paged"
-    with caplog.at_level(logging.INFO, logger="tritonlm.worker.attention"):
-        assert chosen("float32") == "sdpa"
-    why = "float32: no faster than sdpa's decode workspace on two threads"
-    assert f"attention_backend auto: sdpa, not cpu_paged ({why})" in caplog.text
+    assert chosen("bfloat16") == chosen("float32") == "cpu_paged"
     monkeypatch.setattr(cpu_kernels, "unavailable", lambda: "this CPU has no AVX-512F")
-    assert chosen("bfloat16") == "sdpa"
+    with caplog.at_level(logging.INFO, logger="tritonlm.worker.attention"):
+        assert chosen("bfloat16") == "sdpa"
+    why = "not available on cpu: this CPU has no AVX-512F"
+    assert f"attention_backend auto: sdpa, not cpu_paged ({why})" in caplog.text

@@ -566,7 +566,11 @@ def test_compact_stream_sends_the_totals_first_and_the_timings_last(byte_level) 
         assert [r[name].tolist() for r in plain] == [r[name].tolist() for r in compact], name
     for name in ("batch_size", "decode_ms"):
         every = [v for r in plain for v in r[name].tolist()]
-        assert compact[-1][name].tolist() == every == [float(i + (name == "batch_size")) for i in range(len(ids))]
+        assert (
+            compact[-1][name].tolist()
+            == every
+            == [float(i + (name == "batch_size")) for i in range(len(ids))]
+        )
     assert compact[0]["prompt_tokens"].tolist() == compact[-1]["prompt_tokens"].tolist() == [2]
 
 

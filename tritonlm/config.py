@@ -155,8 +155,7 @@ class EngineConfig:
         "C++ kernel (`csrc/`, built by `make setup`) reading the decode tokens' blocks in place, AVX-512 "
         "CPUs only, prefill chunks as `sdpa`; `sdpa`, torch's scaled_dot_product_attention (on CPU with "
         "each decoding sequence's keys/values kept contiguous); `auto`: the first of these available "
-        "(the log says why `cpu_paged` is not), except `sdpa` in float32, where `cpu_paged` measured no "
-        "faster on two threads (docs/benchmarks.md)",
+        "(the log says why `cpu_paged` is not)",
     )
 
     lora_modules: str = _setting(

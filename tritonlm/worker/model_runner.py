@@ -58,7 +58,7 @@ class ModelRunner:
         checkpoint = AutoConfig.from_pretrained(config.model_dir)
         self.device = config.torch_device()
         self.dtype = config.torch_dtype(self.device, getattr(checkpoint, "dtype", None))
-        backend = attention.choose(config.attention_backend, self.device, self.dtype)
+        backend = attention.choose(config.attention_backend, self.device)
         self.attention = backend(config.block_size, self.dtype, self.device)
         self.model = (
             language_model_class(checkpoint)

@@ -31,20 +31,15 @@ def available_backends(device: torch.device) -> list[str]:
     return [name for name in BACKENDS if backend_class(name).available(device)]
 
 
-def choose(name: str, device: torch.device, dtype: torch.dtype | None = None) -> type[AttentionBackend]:
-    """The backend the setting `attention_backend` = `name` picks on `device` for `dtype`."""
+def choose(name: str, device: torch.device) -> type[AttentionBackend]:
+    """The backend the setting `attention_backend` = `name` picks on `device`."""
     available = available_backends(device)
     if name == AUTO and available:
-        skipped = []  # (backend, why auto passes it over)
-        for better in BACKENDS:
-            cls = backend_class(better)
-            why = cls.unavailable(device) or (cls.auto_skips(dtype) if dtype is not None else None)
-            if why is None:
-                for other, reason in skipped:
-                    log.info("attention_backend auto: %s, not %s (%s)", better, other, reason)
-                return cls
-            skipped.append((better, why))
-        return backend_class(available[0])  # every one passed over: the best that runs
+        best = available[0]
+        for better in list(BACKENDS)[: list(BACKENDS).index(best)]:  # why each better one does not run
+            why = backend_class(better).unavailable(device)
+            log.info("attention_backend auto: %s, not %s (%s)", best, better, why)
+        return backend_class(best)
     if name not in available:
         if name not in NAMES:
             why = "unknown"

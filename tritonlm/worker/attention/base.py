@@ -88,11 +88,6 @@ class AttentionBackend(ABC):
         """Why this backend does not run on `device` (None: it does), for the log."""
         return None if cls.available(device) else f"not available on {device.type}"
 
-    @classmethod
-    def auto_skips(cls, dtype: torch.dtype) -> str | None:
-        """Why `auto` passes this backend over for `dtype` although it runs (None: it does not)."""
-        return None
-
     # -- the KV layout ---------------------------------------------------------------------------
     @abstractmethod
     def bytes_per_block(self, shapes: dict[int, LayerShape]) -> int:

@@ -11,8 +11,7 @@ kernel needs no contiguous copy. A decoding sequence feeding k > 1 tokens (propo
 k query rows, row j seeing the cached prefix and the new tokens up to j.
 
 Offered only where the kernel is built for this source and torch and the CPU runs AVX-512
-(`cpu_kernels.unavailable`); elsewhere `auto` takes `sdpa` and says why in the log, as it does in
-float32, where the kernel was measured no faster than `sdpa` with two threads (`auto_skips`).
+(`cpu_kernels.unavailable`); elsewhere `auto` takes `sdpa` and says why in the log.
 """
 
 from __future__ import annotations
@@ -51,12 +50,6 @@ class CpuPagedBackend(SdpaBackend):
             return f"not available on {device.type} (CPU only)"
         why = cpu_kernels.unavailable()
         return None if why is None else f"not available on cpu: {why}"
-
-    @classmethod
-    def auto_skips(cls, dtype: torch.dtype) -> str | None:
-        if dtype == torch.float32:  # docs/benchmarks.md: 1.22x on one thread, 0.93x on two
-            return "float32: no faster than sdpa's decode workspace on two threads"
-        return None
 
     def allocate(
         self, num_blocks: int, shapes: dict[int, LayerShape], max_num_seqs: int, max_seq_len: int
