@@ -125,7 +125,7 @@ def _stream(ports: launcher.Ports, index: int, started: list | None = None) -> d
     """One streamed completion, greedy (even `index`) or seeded (odd): its text, chunks, usage and
     finish reason, and the error event if it ended with one."""
     sampling = {"temperature": 0} if index % 2 == 0 else {"temperature": 1.0, "seed": 1000 + index}
-    body = {"model": "tiny", "prompt": f"story {index}:", "max_tokens": 96, "stream": True,
+    body = {"model": "tiny", "prompt": f"story {index}:", "max_tokens": 256, "stream": True,
             "ignore_eos": True, **sampling}  # fmt: skip
     result = {"status": 200, "chunks": 0, "text": "", "usage": None, "finish": None, "error": None}
     with httpx.stream(
