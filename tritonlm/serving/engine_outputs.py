@@ -14,6 +14,7 @@ from tritonlm.text.postprocess import TEXT_NAMES, Postprocessor
 from tritonlm.text.tokenization import ids_to_list
 
 _DTYPES = {t.name: contract.NUMPY_DTYPES[t.dtype] for t in contract.ENGINE_OUTPUTS}
+_ALL_NAMES = frozenset(_DTYPES)
 
 
 def _prompt_log_probs(seq: Sequence) -> dict[str, object]:
@@ -276,6 +277,3 @@ def _response_names(
     if first == len(seq.request.resumed_ids):
         return asked - contract.STEP_TIMINGS
     return asked & contract.PER_TOKEN_OUTPUTS
-
-
-_ALL_NAMES = frozenset(_DTYPES)

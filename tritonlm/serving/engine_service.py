@@ -68,7 +68,7 @@ class EngineService:
         self.senders: dict[int, object] = {}  # Sequence.key -> response sender
         # Sequence.key -> the outputs its client asked for, when not all (Triton would drop the
         # others anyway; not building them saves the copies through the backend)
-        self.wanted: dict[int, set[str]] = {}
+        self.wanted: dict[int, frozenset[str]] = {}
         self.all_outputs = {t.name for t in contract.ENGINE_OUTPUTS}
         self.senders_lock = threading.Lock()  # held while a final response goes out
         self.siblings: dict[int, Siblings] = {}  # Sequence.key -> its request's sampled sequences
@@ -95,7 +95,7 @@ class EngineService:
         for request in requests:
             sender = request.get_response_sender()
             tensors = triton_glue.read_inputs(request, ENGINE_INPUT_NAMES)
-            wanted = set(request.requested_output_names())
+            wanted = frozenset(request.requested_output_names())  # frozen: each response reads it as is
             try:
                 parsed = parse_request(
                     tensors,
