@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from functools import cached_property, partial
 
 import numpy as np
 import torch
@@ -35,31 +37,120 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
-def _reported(seq: Sequence, n: int, block_size: int) -> dict[str, object]:
-    """TensorRT-LLM's optional outputs: [value] for those the request asked for, [] for the others.
-    `n`: the tokens of this response (beam 0's)."""
-    request, out = seq.request, seq.out
-    values: dict[str, object] = {t.name: [] for t in contract.REPORTED_OUTPUTS}
-    if "num_input_tokens" in request.reports:
-        values["num_input_tokens"] = [len(request.prompt_ids)]
-    if "num_output_tokens" in request.reports:
-        values["num_output_tokens"] = [n]
-    if "perf_metrics" in request.reports:
-        reused = out.cached_tokens // block_size
-        total = -(-(len(request.prompt_ids) + len(seq.output_ids)) // block_size)
-        values.update(
-            kv_cache_alloc_new_blocks=[total - reused],
-            kv_cache_reused_blocks=[reused],
-            kv_cache_alloc_total_blocks=[total],
-            arrival_time_ns=[_ns(request.arrival)],
-            first_scheduled_time_ns=[_ns(out.scheduled_at)],
-            first_token_time_ns=[_ns(out.first_token_at)],
-            last_token_time_ns=[_ns(seq.last_event)],
-            acceptance_rate=[out.drafts_accepted / out.drafts_proposed if out.drafts_proposed else 0.0],
-            total_accepted_draft_tokens=[out.drafts_accepted],
-            total_draft_tokens=[out.drafts_proposed],
-        )
-    return values
+@dataclass
+class _Span:
+    """Tokens [first, end) of a sequence, as one response reports them."""
+
+    seq: Sequence
+    first: int
+    end: int
+    finish_reason: str
+    block_size: int
+    timings_from: int
+
+    @cached_property
+    def ids(self) -> list[int]:
+        return self.seq.output_ids[self.first : self.end]
+
+    @cached_property
+    def timings(self) -> list:
+        return self.seq.out.timings[self.timings_from : self.end]
+
+    @cached_property
+    def log_probs(self) -> list[float]:
+        return self.seq.out.log_probs[self.first : self.end] if self.seq.params.return_log_probs else []
+
+    @property
+    def top_k(self) -> int:
+        return self.seq.params.num_top_log_probs if self.ids else 0
+
+    @cached_property
+    def prompt_log_probs(self) -> dict[str, object] | None:
+        seq = self.seq
+        if self.first == 0 and seq.out.prompt_positions and seq.params.return_prompt_log_probs:
+            return _prompt_log_probs(seq)
+        return None
+
+    def reports(self, what: str) -> bool:
+        return what in self.seq.request.reports
+
+    @cached_property
+    def perf_metrics(self) -> dict[str, list]:
+        """return_perf_metrics's outputs, [value] each; none when the request did not ask."""
+        seq, out = self.seq, self.seq.out
+        if not self.reports("perf_metrics"):
+            return {}
+        reused = out.cached_tokens // self.block_size
+        total = -(-(len(seq.request.prompt_ids) + len(seq.output_ids)) // self.block_size)
+        return {
+            "kv_cache_alloc_new_blocks": [total - reused],
+            "kv_cache_reused_blocks": [reused],
+            "kv_cache_alloc_total_blocks": [total],
+            "arrival_time_ns": [_ns(seq.request.arrival)],
+            "first_scheduled_time_ns": [_ns(out.scheduled_at)],
+            "first_token_time_ns": [_ns(out.first_token_at)],
+            "last_token_time_ns": [_ns(seq.last_event)],
+            "acceptance_rate": [out.drafts_accepted / out.drafts_proposed if out.drafts_proposed else 0.0],
+            "total_accepted_draft_tokens": [out.drafts_accepted],
+            "total_draft_tokens": [out.drafts_proposed],
+        }
+
+
+def _perf_metric(name: str, s: _Span) -> list:
+    return s.perf_metrics.get(name, [])
+
+
+def _prompt_output(name: str, empty: np.ndarray, s: _Span) -> object:
+    return s.prompt_log_probs[name] if s.prompt_log_probs is not None else empty
+
+
+def _context_logits(s: _Span) -> object:
+    out = s.seq.out
+    if s.first == 0 and out.prompt_logits and s.seq.params.return_context_logits:
+        return torch.cat(out.prompt_logits)[None].numpy()
+    return np.zeros((1, 0, 0))
+
+
+def _generation_logits(s: _Span) -> object:
+    generation = s.seq.out.generation_logits
+    if s.seq.params.return_generation_logits and generation and s.ids:
+        return torch.stack(generation[s.first : s.end])[None, None].numpy()
+    return np.zeros((1, 1, 0, 0))
+
+
+# Each output of a response, built only when the response carries it.
+_BUILDERS: dict[str, Callable[[_Span], object]] = {
+    "output_ids": lambda s: [s.ids],
+    "sequence_length": lambda s: [len(s.ids)],
+    "output_log_probs": lambda s: [[s.log_probs]] if s.log_probs else np.zeros((1, 1, 0)),
+    "cum_log_probs": lambda s: [[sum(s.seq.out.log_probs[: s.end])]] if s.log_probs else np.zeros((1, 0)),
+    "context_logits": _context_logits,
+    "generation_logits": _generation_logits,
+    "finish_reason": lambda s: [s.finish_reason.encode()],
+    "prompt_tokens": lambda s: [len(s.seq.request.prompt_ids)],
+    "batch_size": lambda s: [t.batch_size for t in s.timings],
+    "queue_wait_us": lambda s: [t.queue_wait_us for t in s.timings],
+    "prefill_ms": lambda s: [s.seq.out.prefill_ms],
+    "decode_ms": lambda s: [t.decode_ms for t in s.timings],
+    "request_key": lambda s: [s.seq.request.key],
+    "sequence_index": lambda s: [s.seq.request.sequence_index],
+    "cached_tokens": lambda s: [s.seq.out.cached_tokens],
+    # TensorRT-LLM's optional outputs: [value] for those the request asked for, [] for the others.
+    "num_input_tokens": lambda s: [len(s.seq.request.prompt_ids)] if s.reports("num_input_tokens") else [],
+    "num_output_tokens": lambda s: [len(s.ids)] if s.reports("num_output_tokens") else [],
+    **{t.name: partial(_perf_metric, t.name) for t in contract.PERF_METRICS},
+    "top_log_probs": lambda s: (
+        s.seq.out.top_log_probs[s.first : s.end] if s.top_k else np.zeros((len(s.ids), 0))
+    ),
+    "top_ids": lambda s: s.seq.out.top_ids[s.first : s.end] if s.top_k else np.zeros((len(s.ids), 0)),
+    "prompt_log_probs": partial(_prompt_output, "prompt_log_probs", np.zeros(0)),
+    "prompt_top_log_probs": partial(_prompt_output, "prompt_top_log_probs", np.zeros((0, 0))),
+    "prompt_top_ids": partial(_prompt_output, "prompt_top_ids", np.zeros((0, 0))),
+    "stop_words_list": lambda s: ids_to_list(s.seq.request.stop_words),
+    "stop_strings": lambda s: [t.encode("utf-8") for t in s.seq.request.stop_strings],
+    "skip_special_tokens": lambda s: [s.seq.request.skip_special_tokens],
+    "include_stop_str_in_output": lambda s: [s.seq.request.include_stop_str_in_output],
+}
 
 
 def response_tensors(
@@ -75,55 +166,11 @@ def response_tensors(
     appended more tokens since, so the caller passes the range and finish reason it was told about.
     Every declared output is present in every response (empty when not requested), so ensembles can
     route them unconditionally. `block_size`: the KV cache's, for the block counts of return_perf_metrics.
-    `names`: only these outputs (None: all). `timings_from`: the step timings cover the tokens from
-    this one (None: `first`; compact_stream's final response has them all)."""
-    request, out = seq.request, seq.out
-    params = request.params
-    ids = seq.output_ids[first:end]
-    timings = out.timings[first if timings_from is None else timings_from : end]
-    n = len(ids)
-    k = params.num_top_log_probs
-    log_probs = out.log_probs[first:end] if params.return_log_probs else []
-    context = torch.cat(out.prompt_logits) if first == 0 and out.prompt_logits else None
-    generation = out.generation_logits
-    values: dict[str, object] = {
-        "output_ids": [ids],
-        "sequence_length": [n],
-        "output_log_probs": [[log_probs]] if log_probs else np.zeros((1, 1, 0)),
-        "cum_log_probs": [[sum(out.log_probs[:end])]] if log_probs else np.zeros((1, 0)),
-        "context_logits": context[None].numpy()
-        if context is not None and params.return_context_logits
-        else np.zeros((1, 0, 0)),
-        "generation_logits": torch.stack(generation[first:end])[None, None].numpy()
-        if params.return_generation_logits and generation and n
-        else np.zeros((1, 1, 0, 0)),
-        "finish_reason": [finish_reason.encode()],
-        "prompt_tokens": [len(request.prompt_ids)],
-        "batch_size": [t.batch_size for t in timings],
-        "queue_wait_us": [t.queue_wait_us for t in timings],
-        "prefill_ms": [out.prefill_ms],
-        "decode_ms": [t.decode_ms for t in timings],
-        "request_key": [request.key],
-        "sequence_index": [request.sequence_index],
-        "cached_tokens": [out.cached_tokens],
-        "top_log_probs": out.top_log_probs[first:end] if k and n else np.zeros((n, 0)),
-        "top_ids": out.top_ids[first:end] if k and n else np.zeros((n, 0)),
-        "prompt_log_probs": np.zeros(0),
-        "prompt_top_log_probs": np.zeros((0, 0)),
-        "prompt_top_ids": np.zeros((0, 0)),
-        "stop_words_list": ids_to_list(request.stop_words),
-        "stop_strings": [t.encode("utf-8") for t in request.stop_strings],
-        "skip_special_tokens": [request.skip_special_tokens],
-        "include_stop_str_in_output": [request.include_stop_str_in_output],
-        **_reported(seq, n, block_size),
-    }
-    if first == 0 and out.prompt_positions and params.return_prompt_log_probs:
-        values.update(_prompt_log_probs(seq))
-    return {
-        name: np.asarray(value, dtype=_DTYPES[name])
-        for name, value in values.items()
-        if names is None or name in names
-    }
+    `names`: only these outputs (None: all; only they are built). `timings_from`: the step timings
+    cover the tokens from this one (None: `first`; compact_stream's final response has them all)."""
+    span = _Span(seq, first, end, finish_reason, block_size, first if timings_from is None else timings_from)
+    built = _BUILDERS if names is None else [name for name in _BUILDERS if name in names]
+    return {name: np.asarray(_BUILDERS[name](span), dtype=_DTYPES[name]) for name in built}
 
 
 def beam_response_tensors(
