@@ -16,7 +16,7 @@ from tritonlm.text.postprocess import TEXT_NAMES, Postprocessor
 from tritonlm.text.tokenization import ids_to_list
 
 _DTYPES = {t.name: contract.NUMPY_DTYPES[t.dtype] for t in contract.ENGINE_OUTPUTS}
-_ALL_NAMES = frozenset(_DTYPES)
+ALL_OUTPUTS = frozenset(_DTYPES)  # every output a response may carry
 
 
 def _prompt_log_probs(seq: Sequence) -> dict[str, object]:
@@ -320,7 +320,7 @@ def _response_names(
     rest too, but the step timings, which its final one has for every token."""
     if not seq.request.compact_stream or finish_reason:
         return wanted
-    asked = _ALL_NAMES if wanted is None else frozenset(wanted)
+    asked = ALL_OUTPUTS if wanted is None else frozenset(wanted)
     if first == len(seq.request.resumed_ids):
         return asked - contract.STEP_TIMINGS
     return asked & contract.PER_TOKEN_OUTPUTS

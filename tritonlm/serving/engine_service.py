@@ -26,7 +26,7 @@ from tritonlm.lora.store import LoraCacheFull, LoraStore
 from tritonlm.serving import contract, triton_glue
 from tritonlm.serving.coalesce import coalesce
 from tritonlm.serving.engine_inputs import InvalidRequest, parse_request
-from tritonlm.serving.engine_outputs import ResponseBuilder
+from tritonlm.serving.engine_outputs import ALL_OUTPUTS, ResponseBuilder
 from tritonlm.serving.metrics import EngineMetrics
 from tritonlm.text.postprocess import TEXT_NAMES
 from tritonlm.text.tokenization import load_tokenizer
@@ -69,7 +69,6 @@ class EngineService:
         # Sequence.key -> the outputs its client asked for, when not all (Triton would drop the
         # others anyway; not building them saves the copies through the backend)
         self.wanted: dict[int, frozenset[str]] = {}
-        self.all_outputs = {t.name for t in contract.ENGINE_OUTPUTS}
         self.senders_lock = threading.Lock()  # held while a final response goes out
         self.siblings: dict[int, Siblings] = {}  # Sequence.key -> its request's sampled sequences
         self.cancelled: set[int] = set()  # keys of requests found cancelled by the watcher thread
@@ -121,7 +120,7 @@ class EngineService:
             siblings = Siblings(set(keys)) if len(runs) > 1 else None
             for key in keys:  # before the engine may report on them
                 self.senders[key] = sender
-                if wanted and wanted != self.all_outputs:
+                if wanted and wanted != ALL_OUTPUTS:
                     self.wanted[key] = wanted
                 if siblings is not None:
                     self.siblings[key] = siblings
