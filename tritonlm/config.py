@@ -144,8 +144,10 @@ class EngineConfig:
         "projections and the LM head on oneDNN pre-packed weights, grouped-query decode attention "
         "folded into one query per key head, and, where our C++ kernels run, Llama-style RMSNorm and "
         "SiLU-and-mul in one pass each (`tritonlm/worker/fused.py`: 2x faster bf16 decode steps, "
-        "~15% faster prefill; results within rounding of the unfused ones); `false`: the model's "
-        "modules as loaded",
+        "~15% faster prefill; results within rounding of the unfused ones), and a Llama model's steps "
+        "without LoRA adapters run its layers over those modules without transformers' module calls "
+        "(`tritonlm/worker/llama_stack.py`, bitwise the same logits); `false`: the model's modules as "
+        "loaded",
     )
 
     attention_backend: str = _setting(

@@ -1,6 +1,6 @@
 """Our C++ CPU kernels: the `cpu_paged` backend's attention (`csrc/cpu_attention.cpp`) and the
-decoder layer's RMSNorm and SiLU-and-mul (`csrc/cpu_layer_ops.cpp`, used by `worker/fused.py`), in
-one library built ahead of time and loaded when used.
+decoder layer's elementwise kernels (`csrc/cpu_layer_ops.cpp`, used by `worker/fused.py` and
+`worker/llama_stack.py`), in one library built ahead of time and loaded when used.
 
 `make setup` builds it (`python -m tritonlm.worker.cpu_kernels`, through
 `tritonlm/setup.py`) with `torch.utils.cpp_extension` into `build/cpu_attention/`, beside a
@@ -29,8 +29,9 @@ LIBRARY = BUILD_DIR / f"{NAME}.so"
 FINGERPRINT = BUILD_DIR / "fingerprint"
 # No -march: the AVX-512 loops have their own target attribute, chosen at run time. -fopenmp: without
 # it at::parallel_for compiles to a serial loop (torch's threads are OpenMP's; the library then
-# links the libgomp torch has loaded).
-CFLAGS = ["-O3", "-fopenmp"]
+# links the libgomp torch has loaded). -ffp-contract=off: no product and sum fused into one rounding
+# where torch rounds twice (the rotary embedding's products and their sum).
+CFLAGS = ["-O3", "-fopenmp", "-ffp-contract=off"]
 
 
 def fingerprint() -> str:

@@ -60,7 +60,7 @@ def _packs(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-class _Matmul:
+class Matmul:
     """`x @ weight.T + bias` for a fixed weight: oneDNN on the pre-packed weight, or F.linear."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
@@ -81,7 +81,7 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = None if linear.bias is None else linear.bias.detach()
-        self.matmul = _Matmul(linear.weight.detach(), bias)
+        self.matmul = Matmul(linear.weight.detach(), bias)
         if keep_weight:  # e.g. the LM head, whose weight others read (tied embeddings, vocab size)
             self.weight = linear.weight
 
@@ -103,7 +103,7 @@ class _Group:
                     for m, b in zip(linears, biases, strict=True)
                 ]
             )
-        self.matmul = _Matmul(weight, bias)
+        self.matmul = Matmul(weight, bias)
         bounds = [0]
         for m in linears:
             bounds.append(bounds[-1] + m.out_features)
@@ -138,7 +138,7 @@ class GroupMember(nn.Module):
 
 
 @functools.cache
-def _same_forward(kind: type[nn.Module], reference: type[nn.Module]) -> bool:
+def same_forward(kind: type[nn.Module], reference: type[nn.Module]) -> bool:
     """Whether `kind`'s forward is `reference`'s, by source (transformers copies Llama's into
     Qwen2, Qwen3, Mistral, …; a class with another formula, e.g. Gemma's 1 + weight, differs)."""
     if kind.forward is reference.forward:
@@ -163,7 +163,7 @@ class FusedRMSNorm(nn.Module):
         return out.view(x.shape)
 
 
-def _silu_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def silu_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Llama's MLP, its SiLU and product in one pass (`silu_and_mul`) over the (fused) gate and up
     projections' outputs."""
     gate, up = self.gate_proj(x), self.up_proj(x)
@@ -181,12 +181,12 @@ def _fuse_layer_ops(model: nn.Module) -> int:
         return 0
     swapped = 0
     for name, module in list(model.named_modules()):
-        if _same_forward(type(module), LlamaRMSNorm) and module.weight.dtype == model.dtype:
+        if same_forward(type(module), LlamaRMSNorm) and module.weight.dtype == model.dtype:
             parent, _, attribute = name.rpartition(".")
             setattr(model.get_submodule(parent), attribute, FusedRMSNorm(module))
             swapped += 1
-        elif _same_forward(type(module), LlamaMLP) and isinstance(module.act_fn, (nn.SiLU, SiLUActivation)):
-            module.forward = types.MethodType(_silu_mlp_forward, module)
+        elif same_forward(type(module), LlamaMLP) and isinstance(module.act_fn, (nn.SiLU, SiLUActivation)):
+            module.forward = types.MethodType(silu_mlp_forward, module)
             swapped += 1
     return swapped
 

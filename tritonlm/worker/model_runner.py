@@ -7,7 +7,9 @@ A step feeds each sequence's new tokens (`step_inputs` packs them: a decoding se
 pending token and any proposals, a prefilling one a chunk of its prompt) and returns, per sequence,
 the logits of its last few new tokens (one to sample from; 1 + proposals to verify them) and, for
 prompt logits, those of all of them. A step whose tokens include embedding rows
-(`Request.prompt_embeds`) calls the model with `inputs_embeds`; any other with `input_ids`."""
+(`Request.prompt_embeds`) calls the model with `inputs_embeds`; any other with `input_ids`. A Llama
+model fused for the CPU runs a step without LoRA adapters through its `LlamaStack` (the same
+modules and weights, without transformers' module calls); any other step through the model."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from tritonlm.lora.layers import LoraLayers
 from tritonlm.multimodal.encoder import language_model_class
 from tritonlm.worker import attention, fused, step_inputs
 from tritonlm.worker.attention.base import LayerShape
+from tritonlm.worker.llama_stack import LlamaStack
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +72,10 @@ class ModelRunner:
         )
         self.model.eval()
         # Before the LoRA hooks go on the projections that replace them.
+        self.stack: LlamaStack | None = None
         if config.fuse_projections and fused.fuse(self.model):
             self.attention.on_fused_projections()
+            self.stack = LlamaStack.of(self.model, self.attention)
         self.lora = LoraLayers(self.model)  # adapters' hooks, installed when one first runs
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self.hidden_size = self.model.get_input_embeddings().weight.shape[1]
@@ -120,25 +125,16 @@ class ModelRunner:
         metadata = self.attention.build_metadata(step.packed)  # once; every layer reads it
         keep, spans, all_rows = _logits_rows(step.order, num_new, work.num_logits, work.prompt_logits)
 
-        # Which packed rows use which LoRA adapter (the hooks add them inside the forward).
-        lora = self.lora.step(
-            [seqs[i].request.lora for i in step.order], [num_new[i] for i in step.order], self.device
-        )
-        ids = step.input_ids.to(self.device)[None]
-        if step.embed_at:
-            inputs = {"inputs_embeds": self._embed(ids, step.embed_at, step.embed_rows)}
-        else:  # the usual case: no embedding rows, the model looks the ids up itself
-            inputs = {"input_ids": ids}
-        with lora, self.attention.step(metadata):
-            out = self.model(
-                **inputs,
-                position_ids=step.position_ids.to(self.device)[None],
-                use_cache=False,
-                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
-            )
-        logits = out.logits[0]
-        if logits.shape[0] != len(keep):  # a model that ignores logits_to_keep (e.g. Qwen2Audio)
-            logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
+        adapters = [seqs[i].request.lora for i in step.order]
+        ids = step.input_ids.to(self.device)
+        embeds = self._embed(ids, step.embed_at, step.embed_rows) if step.embed_at else None
+        positions = step.position_ids.to(self.device)
+        with self.attention.step(metadata):
+            if self.stack is not None and not any(adapters):
+                logits = self.stack(ids, embeds, positions, torch.tensor(keep, dtype=torch.long))
+            else:
+                rows = [num_new[i] for i in step.order]
+                logits = self._model_logits(ids, embeds, positions, keep, adapters, rows)
         # The sampled rows, in the order of `seqs` (the batch was packed decodes first).
         select: list[int] = []
         offsets = [0]
@@ -153,13 +149,38 @@ class ModelRunner:
             logits_sampled = logits
         return ModelOutput(logits_sampled, {i: logits[a:b] for i, (a, b) in all_rows.items()}, offsets)
 
+    def _model_logits(
+        self,
+        ids: torch.Tensor,
+        embeds: torch.Tensor | None,
+        positions: torch.Tensor,
+        keep: list[int],
+        adapters: list[object],
+        rows: list[int],
+    ) -> torch.Tensor:
+        """The logits of packed tokens `keep`, through the model (transformers' modules, with the
+        LoRA hooks adding packed sequence i's adapter to its `rows[i]` tokens)."""
+        lora = self.lora.step(adapters, rows, self.device)
+        inputs = {"input_ids": ids[None]} if embeds is None else {"inputs_embeds": embeds[None]}
+        with lora:
+            out = self.model(
+                **inputs,
+                position_ids=positions[None],
+                use_cache=False,
+                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
+            )
+        logits = out.logits[0]
+        if logits.shape[0] != len(keep):  # a model that ignores logits_to_keep (e.g. Qwen2Audio)
+            logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
+        return logits
+
     def _embed(self, ids: torch.Tensor, at: list[int], rows: list[torch.Tensor]) -> torch.Tensor:
-        """The model's input embeddings of `ids` [1, tokens], with `rows` at packed indices `at`."""
+        """The model's input embeddings of `ids` [tokens], with `rows` at packed indices `at`."""
         table = self.model.get_input_embeddings()
         # Positions fed a row may hold ids beyond the vocabulary (prompt tables): look up 0 there.
         embeds = table(ids.masked_fill(ids >= table.num_embeddings, 0))
         index = torch.tensor(at, dtype=torch.long, device=self.device)
-        embeds[0, index] = torch.cat(rows).to(device=self.device, dtype=embeds.dtype)
+        embeds[index] = torch.cat(rows).to(device=self.device, dtype=embeds.dtype)
         return embeds
 
 
