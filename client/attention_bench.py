@@ -80,7 +80,7 @@ def layer(args: argparse.Namespace, dtype: torch.dtype, seed: int) -> dict[str, 
     row_seq, row_len = torch.arange(args.batch, dtype=torch.int32), lengths.int()
 
     def paged(vectorised: bool) -> Callable[[], object]:
-        return lambda: ops.paged_decode(
+        return lambda: ops.paged_attention(
             out, q_rows, pool_k, pool_v, tables, row_seq, row_len, BLOCK, scale, vectorised
         )
 

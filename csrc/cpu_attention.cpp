@@ -1,6 +1,7 @@
-// Paged decode attention on the CPU: the kernel of tritonlm/worker/attention/cpu_paged.py.
+// Paged attention on the CPU: the kernel of tritonlm/worker/attention/cpu_paged.py.
 //
-// Each query row (a decoding sequence's token) attends over the first `row_len` positions of its
+// Each query row (a new token of the step: a decoding sequence's, or one of a prefill chunk's)
+// attends over the first `row_len` positions of its
 // sequence, read in place from the paged pools `[slots, kv_heads, head_dim]` through its block
 // table (slot = table[p / block_size] * block_size + p % block_size). A task is one row with all
 // its key heads (or one key head, when rows are too few for the threads); the query heads of a
@@ -348,9 +349,9 @@ void run(const Problem& p, int64_t rows, bool vectorised) {
 // out [rows, heads, dim] = attention of query [rows, heads, dim] (last dim contiguous) over the
 // pools [slots, kv_heads, dim] (contiguous); row r reads sequence row_seq[r]'s first row_len[r]
 // positions through tables[row_seq[r]]. `vectorised`: the AVX-512 loop where it can run.
-void paged_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
-                  const at::Tensor& tables, const at::Tensor& row_seq, const at::Tensor& row_len,
-                  int64_t block_size, double scale, bool vectorised) {
+void paged_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& keys, const at::Tensor& values,
+                     const at::Tensor& tables, const at::Tensor& row_seq, const at::Tensor& row_len,
+                     int64_t block_size, double scale, bool vectorised) {
   TORCH_CHECK(query.dim() == 3 && out.dim() == 3 && keys.dim() == 3, "query/out [rows, heads, dim], pools [slots, kv_heads, dim]");
   TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes(), "pools: contiguous, same shape");
   TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "query/out: contiguous head_dim");
@@ -372,7 +373,7 @@ void paged_decode(at::Tensor& out, const at::Tensor& query, const at::Tensor& ke
   } else if (keys.scalar_type() == at::kHalf) {
     run<c10::Half>(p, rows, vectorised);
   } else {
-    TORCH_CHECK(false, "paged_decode: float32, bfloat16 or float16 only");
+    TORCH_CHECK(false, "paged_attention: float32, bfloat16 or float16 only");
   }
 }
 
@@ -386,9 +387,9 @@ bool has_vector_path() { return cpu_has_avx512f(); }
 
 TORCH_LIBRARY(TRITONLM_OPS, m) {
   m.def(
-      "paged_decode(Tensor(a!) out, Tensor query, Tensor keys, Tensor values, Tensor tables, Tensor row_seq, "
+      "paged_attention(Tensor(a!) out, Tensor query, Tensor keys, Tensor values, Tensor tables, Tensor row_seq, "
       "Tensor row_len, int block_size, float scale, bool vectorised) -> ()");
   m.def("has_vector_path() -> bool", has_vector_path);
 }
 
-TORCH_LIBRARY_IMPL(TRITONLM_OPS, CPU, m) { m.impl("paged_decode", paged_decode); }
+TORCH_LIBRARY_IMPL(TRITONLM_OPS, CPU, m) { m.impl("paged_attention", paged_attention); }

@@ -1,5 +1,6 @@
 """The `cpu_paged` backend's kernel (csrc/cpu_attention.cpp) against plain SDPA over the same keys and
-values (dtypes, grouped-query shapes, block boundaries, proposals' rows), its AVX-512 loop against
+values (dtypes, grouped-query shapes, block boundaries, several rows of one sequence as a prefill
+chunk or proposals give), its AVX-512 loop against
 its plain C++ one, and the fallback to `sdpa` where it cannot run (not built, no AVX-512: forced).
 The engine-level parity (greedy, token for token against transformers, both dtypes, preemption,
 prefix cache, chunked prefill, proposals) runs on every backend in the tests that take
@@ -73,7 +74,7 @@ def test_the_kernel_equals_sdpa_over_the_sequences_blocks(dtype, heads, kv_heads
     row_len = [*lengths[:-1], 64, 62, 63]
     query = torch.randn(heads, len(row_seq), dim).to(dtype).transpose(0, 1)  # strided, as the model's
     out = torch.full((len(row_seq), heads, dim), float("nan"), dtype=dtype)
-    cpu_kernels.kernels().paged_decode(
+    cpu_kernels.kernels().paged_attention(
         out,
         query,
         keys,
@@ -101,7 +102,7 @@ def test_few_rows_split_by_head_and_many_rows_by_row_give_the_same(dtype, rows):
     out = torch.empty_like(query)
     seq = torch.arange(rows, dtype=torch.int32)
     lens = torch.tensor(lengths, dtype=torch.int32)
-    cpu_kernels.kernels().paged_decode(out, query, keys, values, table, seq, lens, 16, 0.125, True)
+    cpu_kernels.kernels().paged_attention(out, query, keys, values, table, seq, lens, 16, 0.125, True)
     for r, n in enumerate(lengths):
         expected = reference(query[r], keys, values, tables[r], n, 16)
         torch.testing.assert_close(out[r].float(), expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])

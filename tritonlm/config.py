@@ -154,10 +154,10 @@ class EngineConfig:
         "auto",
         "`auto`",
         "what computes attention over the paged KV cache (`tritonlm/worker/attention/`): `cpu_paged`, our "
-        "C++ kernel (`csrc/`, built by `make setup`) reading the decode tokens' blocks in place, AVX-512 "
-        "CPUs only, prefill chunks as `sdpa`; `sdpa`, torch's scaled_dot_product_attention (on CPU with "
-        "each decoding sequence's keys/values kept contiguous); `auto`: the first of these available "
-        "(the log says why `cpu_paged` is not)",
+        "C++ kernel (`csrc/`, built by `make setup`) reading every new token's blocks in place, decode "
+        "and prefill chunks alike, AVX-512 CPUs only; `sdpa`, torch's scaled_dot_product_attention "
+        "(on CPU with each decoding sequence's keys/values kept contiguous); `auto`: the first of these "
+        "available (the log says why `cpu_paged` is not)",
     )
 
     lora_modules: str = _setting(

@@ -91,8 +91,8 @@ def _load() -> tuple[object | None, str]:
 
 
 def kernels() -> object:
-    """The kernels' ops (`paged_decode`, `rms_norm`, `silu_and_mul`, `has_vector_path`); call only
-    when `unavailable()` is None."""
+    """The kernels' ops (`paged_attention`, `rms_norm`, `silu_and_mul`, `add_rms_norm`, `rotary`,
+    `has_vector_path`); call only when `unavailable()` is None."""
     ops, why = _load()
     assert ops is not None, why
     return ops

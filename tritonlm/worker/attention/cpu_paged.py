@@ -1,14 +1,15 @@
-"""The `cpu_paged` backend: decode attention by our C++ kernel over the paged pools, in place.
+"""The `cpu_paged` backend: every token's attention by our C++ kernel over the paged pools, in place.
 
 The KV layout is `kv_cache`'s (`[slots, kv_heads, head_dim]` per layer and pool), as for `sdpa`, and
-so are the writes of the step's new keys/values, copy-on-write and the prefill chunks (torch's SDPA,
-over the chunk's own keys or its gathered blocks: `SdpaBackend`). What differs is the decode
-tokens: each reads its sequence's blocks through a block table, in place, with
-`tritonlm_cpu::paged_decode` (`csrc/cpu_attention.cpp`, built by `make setup`, see
-`cpu_kernels`): fp32 scores and online softmax, grouped-query heads sharing each key row,
-AVX-512, one task per (token, key head) over torch's threads. No decode workspace is kept: the
-kernel needs no contiguous copy. A decoding sequence feeding k > 1 tokens (proposals to verify) is
-k query rows, row j seeing the cached prefix and the new tokens up to j.
+so are the writes of the step's new keys/values and copy-on-write. What differs is the attention:
+each new token of the step, decode or prefill chunk alike, is one query row that reads its
+sequence's blocks through a block table, in place, up to its own position (causal):
+`tritonlm_cpu::paged_attention` (`csrc/cpu_attention.cpp`, built by `make setup`, see `cpu_kernels`):
+fp32 scores and online softmax, grouped-query heads sharing each key row, AVX-512, one task per
+(token, key head) over torch's threads. So one kernel call a layer covers the whole step: no
+decode workspace, no gathered prefix, no masks, and a prompt chunk after a cached prefix reads the
+prefix where it lies. Against torch's SDPA per prefill chunk (flash attention for CPU), the prefill
+attention of 145-token prompts takes half the time (docs/benchmarks.md).
 
 Offered only where the kernel is built for this source and torch and the CPU runs AVX-512
 (`cpu_kernels.unavailable`); elsewhere `auto` takes `sdpa` and says why in the log.
@@ -16,27 +17,28 @@ Offered only where the kernel is built for this source and torch and the CPU run
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
 from tritonlm.worker import cpu_kernels
-from tritonlm.worker.attention import sdpa_metadata
 from tritonlm.worker.attention.base import LayerShape, PackedStep
 from tritonlm.worker.attention.sdpa import SdpaBackend
-from tritonlm.worker.attention.sdpa_metadata import SdpaMetadata
 
 
 @dataclass
-class PagedMetadata(SdpaMetadata):
-    """SDPA's metadata (the writes and the prefill chunks) plus what the decode kernel reads."""
+class PagedMetadata:
+    """Where a step's tokens go and what each reads."""
 
-    tables: torch.Tensor | None = None  # [decoding sequences, blocks], int32: their block tables
-    row_seq: torch.Tensor | None = None  # [decode tokens], int32: each token's row of `tables`
-    row_len: torch.Tensor | None = None  # [decode tokens], int32: the positions each token sees
+    slot_mapping: torch.Tensor  # [tokens]: the cache slot of each new token
+    tables: torch.Tensor  # [sequences, blocks], int32: the step's sequences' block tables
+    row_seq: torch.Tensor  # [tokens], int32: each token's row of `tables`
+    row_len: torch.Tensor  # [tokens], int32: the positions each token sees (its own included)
 
 
 class CpuPagedBackend(SdpaBackend):
+    """`sdpa`'s KV pools and copies (`SdpaBackend`), attended by the kernel."""
+
     name = "cpu_paged"
 
     @classmethod
@@ -57,52 +59,36 @@ class CpuPagedBackend(SdpaBackend):
         self.cache.allocate(num_blocks, shapes)  # no decode workspace: the kernel reads the blocks
 
     def build_metadata(self, step: PackedStep) -> PagedMetadata:
-        # `fills=[]`: SDPA's metadata then gives each decode token's position instead of gathered slots.
-        base = sdpa_metadata.build(step, self.cache, [])
-        n = step.num_decodes
-        decode = {}
-        if n:
-            seqs, widths = step.seqs[:n], step.num_new[:n]
-            positions = step.position_ids[: sum(widths)]
-            blocks = -(-(int(positions.max()) + 1) // self.block_size)
-            table = [s.block_table[:blocks] + [0] * (blocks - len(s.block_table[:blocks])) for s in seqs]
-            row_seq = torch.arange(n, dtype=torch.int32)
-            if len(positions) != n:  # some sequence feeds proposals: one row per token
-                row_seq = torch.repeat_interleave(row_seq, torch.tensor(widths))
-            decode = {
-                "tables": torch.tensor(table, dtype=torch.int32),
-                "row_seq": row_seq,
-                "row_len": (positions + 1).to(torch.int32),
-            }
-        return PagedMetadata(**{f.name: getattr(base, f.name) for f in fields(base)}, **decode)
+        seqs, widths = step.seqs, step.num_new
+        blocks = -(-(int(step.position_ids.max()) + 1) // self.block_size)
+        table = [s.block_table[:blocks] + [0] * (blocks - len(s.block_table[:blocks])) for s in seqs]
+        row_seq = torch.arange(len(seqs), dtype=torch.int32)
+        if len(step.position_ids) != len(seqs):  # a sequence feeding several tokens: one row each
+            row_seq = torch.repeat_interleave(row_seq, torch.tensor(widths))
+        return PagedMetadata(
+            slot_mapping=step.slot_mapping,
+            tables=torch.tensor(table, dtype=torch.int32),
+            row_seq=row_seq,
+            row_len=(step.position_ids + 1).to(torch.int32),
+        )
 
-    def _decode(
+    def forward(
         self,
-        layer: int,
-        meta: PagedMetadata,
+        module: torch.nn.Module,
         query: torch.Tensor,
         key: torch.Tensor,
         value: torch.Tensor,
         scaling: float | None,
-        gqa: bool,
     ) -> torch.Tensor:
-        """The decode tokens' attention output, [decode tokens, heads, head_dim]; their own keys
-        and values are already in the pools (`SdpaBackend.forward` wrote them)."""
-        tokens = meta.row_len.shape[0]
-        heads, dim = query.shape[1], query.shape[3]
-        q = query[0, :, :tokens].transpose(0, 1)  # [tokens, heads, head_dim], a view
-        out = torch.empty((tokens, heads, dim), dtype=query.dtype)
+        meta: PagedMetadata = self.metadata
+        k_pool, v_pool = self.cache.keys[module.layer_idx], self.cache.values[module.layer_idx]
+        k_pool.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
+        v_pool.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
+        q = query[0].transpose(0, 1)  # [tokens, heads, head_dim], a view
+        out = torch.empty(q.shape, dtype=query.dtype)
+        dim = q.shape[2]
         scale = dim**-0.5 if scaling is None else scaling
-        cpu_kernels.kernels().paged_decode(
-            out,
-            q,
-            self.cache.keys[layer],
-            self.cache.values[layer],
-            meta.tables,
-            meta.row_seq,
-            meta.row_len,
-            self.block_size,
-            scale,
-            True,
+        cpu_kernels.kernels().paged_attention(
+            out, q, k_pool, v_pool, meta.tables, meta.row_seq, meta.row_len, self.block_size, scale, True
         )
-        return out
+        return out[None]  # [1, tokens, heads, head_dim]
