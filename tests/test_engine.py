@@ -30,15 +30,24 @@ from tritonlm.sampling.logits_processors import (
 from tritonlm.sampling.metadata import SamplingMetadata
 from tritonlm.sampling.ops import filter_logits
 from tritonlm.sampling.sampler import Sampler, SamplerInput, SamplerOutput, SamplingParams
-from tritonlm.serving import pbtxt
+from tritonlm.serving import contract, engine_outputs, pbtxt
 from tritonlm.serving.engine_inputs import parse_request
 from tritonlm.serving.engine_outputs import response_tensors
+from tritonlm.text.postprocess import TEXT_NAMES
 from tritonlm.text.tokenization import load_tokenizer
 from tritonlm.worker.model_runner import ModelRunner
 
 
 def test_config_pbtxt_matches_the_contract():
     assert pbtxt.stale() == []
+
+
+def test_every_engine_output_is_built_in_one_place():
+    """A response carries every declared output: each has a tensor builder or is a text the
+    ResponseBuilder makes, never both (an output added to the contract needs its builder)."""
+    builders = set(engine_outputs._BUILDERS)
+    assert builders.isdisjoint(TEXT_NAMES)
+    assert builders | TEXT_NAMES == {t.name for t in contract.ENGINE_OUTPUTS} == engine_outputs.ALL_OUTPUTS
 
 
 @pytest.fixture(scope="module")
