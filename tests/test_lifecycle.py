@@ -36,6 +36,13 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def shm_regions(pid: int) -> list[Path]:
+    """The /dev/shm regions of the tritonserver `pid`'s Python stubs (named by its prefix option)."""
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    prefix = next(a for a in args if a.startswith(launcher.SHM_PREFIX_OPTION))
+    return sorted(launcher.SHM_DIR.glob(prefix.removeprefix(launcher.SHM_PREFIX_OPTION) + "*"))
+
+
 def alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -192,10 +199,13 @@ async def _load(url: str, seconds: float) -> list[tuple[int, str | None]]:
 
 def test_crash_restart_then_sigterm(launched: Launched) -> None:
     """SIGKILL of tritonserver under a streamed load: 503 with Retry-After meanwhile (never a hang),
-    no stub of the dead server left, a restart; then SIGTERM ends everything within 15 s."""
+    no stub or shared memory region of the dead server left, a restart; then SIGTERM ends
+    everything within 15 s, regions included."""
     groups = launched.groups()
     dead = groups["triton"]
     assert alive(dead)
+    dead_regions = shm_regions(dead)
+    assert dead_regions  # one per stub
 
     async def scenario() -> list[tuple[int, str | None]]:
         load = asyncio.create_task(_load(launched.url, 6))
@@ -216,8 +226,12 @@ def test_crash_restart_then_sigterm(launched: Launched) -> None:
     assert asyncio.run(_stream(launched.url)) == (200, None)
     new_groups = launched.groups()
     assert new_groups["triton"] != dead and new_groups["frontend"] == groups["frontend"]
+    assert not any(region.exists() for region in dead_regions), "the killed server's /dev/shm is left"
+    new_regions = shm_regions(new_groups["triton"])
+    assert new_regions and set(new_regions).isdisjoint(dead_regions)
 
     launched.process.send_signal(signal.SIGTERM)
     took = launched.wait_gone(new_groups, 15)
     assert launched.process.wait(5) == 0
+    assert not any(region.exists() for region in new_regions)
     print(f"everything gone {took:.1f} s after SIGTERM")

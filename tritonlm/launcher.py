@@ -46,6 +46,10 @@ TINY_MODEL_DIR = setup.TINY_MODEL_DIR  # the tiny generated model (tests, MODEL=
 TRITON_EXIT_TIMEOUT_S = 5  # tritonserver's own bound on in-flight requests at exit
 TRITON_STOP_TIMEOUT_S = 7  # then the launcher kills its process group
 REPLICA_PORT_STEP = 100  # replica i's Triton ports: the configured ones + 100·i
+# The Python backend's shared memory, one /dev/shm region per stub, named by a prefix we choose
+# per server start, so the regions of a server that was killed (which cannot unlink them) are found.
+SHM_PREFIX_OPTION = "--backend-config=python,shm-region-prefix-name="
+SHM_DIR = Path("/dev/shm")
 
 
 class SetupError(RuntimeError):
@@ -152,6 +156,7 @@ def start_triton(
         f"--id={server_id}",  # the frontend checks it: a stale server on the port is never ours
         f"--exit-timeout-secs={TRITON_EXIT_TIMEOUT_S}",
         "--log-info=true",
+        f"{SHM_PREFIX_OPTION}tritonlm_{uuid.uuid4().hex[:12]}_",
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:  # the child keeps its own descriptor
@@ -261,6 +266,16 @@ def wait_ready(
 
 def stop(process: subprocess.Popen, timeout: float = 15) -> None:
     processes.stop(process, timeout)
+    remove_shm_regions(process)
+
+
+def remove_shm_regions(process: subprocess.Popen) -> None:
+    """Unlinks what is left of a stopped tritonserver's shared memory regions (after SIGKILL or a
+    crash, all of them: each would hold its /dev/shm until reboot). No-op for other processes."""
+    for arg in process.args:
+        if arg.startswith(SHM_PREFIX_OPTION):
+            for region in SHM_DIR.glob(arg.removeprefix(SHM_PREFIX_OPTION) + "*"):
+                region.unlink(missing_ok=True)
 
 
 def resolve_model_dir(config: FrontendConfig) -> Path:
@@ -444,6 +459,7 @@ class Supervisor:
         assert replica.process is not None
         code = replica.process.returncode
         processes.kill_group(replica.process)  # its stubs: no orphan keeps the dead server's memory
+        remove_shm_regions(replica.process)
         delay = replica.restarts.next_delay()
         log = self.log_dir / replica.log_name
         if delay is None:
@@ -474,7 +490,7 @@ class Supervisor:
             processes.stop(self.frontend, self.config.drain_seconds + 2)
         for replica in self.replicas:
             if replica.process is not None:
-                processes.stop(replica.process, TRITON_STOP_TIMEOUT_S)
+                stop(replica.process, TRITON_STOP_TIMEOUT_S)
         shutil.rmtree(self.repository, ignore_errors=True)
 
 
