@@ -269,6 +269,7 @@ def _run_openai_server(
     env: dict[str, str] | None = None,
 ) -> tuple[dict, list]:
     """Starts a peer's OpenAI-compatible server, drives the prompts through it, and stops it."""
+    shm_before = set(launcher.SHM_DIR.iterdir())
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -294,6 +295,10 @@ def _run_openai_server(
         return report, results
     finally:
         launcher.stop(process)
+        # vLLM's shared-memory queues outlive it when its group is killed before they are unlinked.
+        for left in set(launcher.SHM_DIR.iterdir()) - shm_before:
+            if left.is_file():
+                left.unlink(missing_ok=True)
 
 
 def _api_for(frontend: str, wanted: str) -> str:
