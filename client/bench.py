@@ -68,6 +68,7 @@ NAMES = {
 PROMPT_LOOKUP = {"TRITONLM_SPECULATIVE_MODEL": "[ngram]", "TRITONLM_NUM_SPECULATIVE_TOKENS": "4"}
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 DTYPES = ("float32", "bfloat16")
+OTHERS_BUSY_CORES = 0.25  # CPU of processes outside the run under test that makes a run suspect
 # (6)'s schema: an array of 32 small objects, far more than --output-len tokens, so every request
 # generates exactly output-len tokens like (4), inside the grammar.
 BENCH_SCHEMA = {
@@ -377,17 +378,22 @@ def run_ours(
 
 def _usage_report(usage: ServerUsage, client_cpu_s: float) -> dict:
     """Peak RSS of a server's processes, and where the CPU went while it served (warm-up
-    included): seconds per server process label, and the load generator's (this process)."""
+    included): seconds per server process label, the load generator's (this process), and what
+    the rest of the machine used meanwhile (`other_cpu_s`: other processes, the host's steal)."""
+    ours = sum(usage.cpu_s.values()) + client_cpu_s
     return {
         "peak_rss_mib": usage.peak_mib,
         "cpu_s": {**dict(sorted(usage.cpu_s.items(), key=lambda kv: -kv[1])), "load generator": client_cpu_s},
+        "other_cpu_s": max(0.0, usage.machine_busy_s - ours),
     }
 
 
 def cpu_breakdown(report: dict) -> str:
-    """`label 12.3 s (0.95 cores)` per process, over the load's duration, largest first."""
+    """`label 12.3 s (0.95 cores)` per process, over the load's duration, largest first; then the
+    rest of the machine's."""
     wall = report["duration_s"]
-    return ", ".join(f"{k} {v:.1f} s ({v / wall:.2f} cores)" for k, v in report["cpu_s"].items() if v >= 0.05)
+    used = {**report["cpu_s"], "other processes": report.get("other_cpu_s", 0.0)}
+    return ", ".join(f"{k} {v:.1f} s ({v / wall:.2f} cores)" for k, v in used.items() if v >= 0.05)
 
 
 def table(reports: dict[str, dict], limit: float) -> str:
@@ -524,12 +530,21 @@ def print_warnings(
                 )
     for label, why in skipped.items():
         print(f"skipped {label}: {why}")
-    seen = [r["load_average_before"] for by_system in reports.values() for r in by_system.values()]
-    busy = max([load_before, os.getloadavg()[0], *seen])
-    if busy > 1.5:  # torch threads oversubscribed by other processes slow down several times over
+    # Torch threads oversubscribed by other processes slow down several times over. The load
+    # average only says so before the first system: later it still counts the previous system.
+    others = {
+        f"{NAMES[key]} {dtype}": r["other_cpu_s"] / r["duration_s"]
+        for dtype, by_system in reports.items()
+        for key, r in by_system.items()
+        if "other_cpu_s" in r
+    }
+    busy = {label: cores for label, cores in others.items() if cores > OTHERS_BUSY_CORES}
+    if load_before > 1.5 or busy:
+        during = ", ".join(f"{cores:.2f} cores during {label}" for label, cores in busy.items())
         print(
-            f"warning: load average up to {busy:.1f} on {os.cpu_count()} CPUs from other processes: "
-            "these numbers are not comparable to a quiet machine's"
+            f"warning: other processes used the CPUs (load average {load_before:.1f} before the "
+            f"first system{'; ' + during if during else ''}): these numbers are not comparable "
+            "to a quiet machine's"
         )
 
 
@@ -544,7 +559,6 @@ def run_systems(
     for dtype in dtypes:
         for key in sorted(set(systems) & set(runners)):
             label = f"{NAMES[key]} {dtype}"
-            busy = os.getloadavg()[0]  # other processes' CPU use skews everything on a 2-core machine
             try:
                 reports[dtype][key], results = runners[key](dtype)
             except Exception as exc:  # one system failing must not lose the others' numbers
@@ -553,7 +567,6 @@ def run_systems(
                 continue
             finally:
                 gc.collect()  # drop (1)-(2)'s model before the servers start
-            reports[dtype][key]["load_average_before"] = busy
             requests[label] = [asdict(r) for r in results]
             print(load.format_report(label, reports[dtype][key]), flush=True)
     return reports, requests, skipped

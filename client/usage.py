@@ -35,6 +35,14 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds every CPU of the machine has spent busy since boot, steal included (time the host
+    gave our CPUs to others), from /proc/stat."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / _TICKS
+
+
 def process_label(pid: int) -> str:
     """A short name: a Python-backend stub by its model (`stub:engine`), a Python process by its
     module (`python:frontend.app`), anything else by its executable."""
@@ -58,13 +66,15 @@ class ServerUsage:
     """While open, samples every `every` seconds the process groups led by `leaders` (each server
     is started in a session of its own: tritonserver with its stubs, a peer's API server with its
     engine processes): `peak_mib` is the largest summed RSS seen, `cpu_s` each process label's CPU
-    seconds used while open (summed over processes of one label)."""
+    seconds used while open (summed over processes of one label), `machine_busy_s` what every CPU of
+    the machine spent busy meanwhile (the servers, the load generator and anything else)."""
 
     def __init__(self, leaders: list[int], every: float = 0.5) -> None:
         self.leaders = leaders
         self.every = every
         self.peak_mib = 0.0
         self.cpu_s: dict[str, float] = {}
+        self.machine_busy_s = 0.0
         self._first: dict[int, float] = {}  # pid -> CPU seconds when first seen
         self._last: dict[int, float] = {}
         self._labels: dict[int, str] = {}
@@ -86,12 +96,14 @@ class ServerUsage:
                 return
 
     def __enter__(self) -> ServerUsage:
+        self.machine_busy_s = -machine_busy_seconds()
         self._thread.start()
         return self
 
     def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
         self._done.set()
         self._thread.join()
+        self.machine_busy_s += machine_busy_seconds()
         for pid, first in self._first.items():
             label = self._labels[pid]
             self.cpu_s[label] = self.cpu_s.get(label, 0.0) + self._last[pid] - first

@@ -149,3 +149,23 @@ def test_bench_model_size_and_forward_flops() -> None:
     flops = forward_flops(config.to_dict(), prompt_len=100, output_len=1)
     attention = 4 * config.num_hidden_layers * config.hidden_size * sum(range(1, 101))
     assert flops == per_token * 100 + attention + 2 * config.vocab_size * config.hidden_size
+
+
+def test_server_usage_tells_a_server_from_the_rest_of_the_machine() -> None:
+    """What `make bench` reports as a system's CPU and as other processes' (its busy-machine
+    warning): a busy process outside the sampled group counts only as the rest of the machine's."""
+    import subprocess
+    import sys
+
+    from client.usage import ServerUsage
+
+    spin = [sys.executable, "-c", "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass"]
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"], start_new_session=True)
+    try:
+        with ServerUsage([server.pid], every=0.1) as usage:
+            subprocess.run(spin, check=True)
+        assert sum(usage.cpu_s.values()) < 0.3
+        assert usage.machine_busy_s - sum(usage.cpu_s.values()) > 1.0
+    finally:
+        server.kill()
+        server.wait()
