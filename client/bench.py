@@ -48,7 +48,7 @@ import torch
 
 from client import load
 from client.load import Prompt, Result
-from client.usage import ServerUsage
+from client.usage import ServerUsage, machine_busy_seconds
 from tritonlm import launcher
 from tritonlm.tiny_model import count_parameters
 
@@ -517,8 +517,16 @@ def print_summary(
         print(f"{dtype}: prompt lookup: acceptance rate {shown}{speedup}")
 
 
+def others_now(seconds: float = 1.0) -> float:
+    """Cores other processes use, over the next `seconds` (the machine's busy time less this
+    process's: the load average would still count a run that just ended)."""
+    busy, own = machine_busy_seconds(), time.process_time()
+    time.sleep(seconds)
+    return max(0.0, machine_busy_seconds() - busy - (time.process_time() - own)) / seconds
+
+
 def print_warnings(
-    reports: dict[str, dict[str, dict]], output_tokens: int, skipped: dict[str, str], load_before: float
+    reports: dict[str, dict[str, dict]], output_tokens: int, skipped: dict[str, str], others_before: float
 ) -> None:
     """Systems that fell short of the tokens or failed requests, systems skipped, and a busy machine."""
     for dtype, by_system in reports.items():
@@ -530,20 +538,18 @@ def print_warnings(
                 )
     for label, why in skipped.items():
         print(f"skipped {label}: {why}")
-    # Torch threads oversubscribed by other processes slow down several times over. The load
-    # average only says so before the first system: later it still counts the previous system.
-    others = {
+    # Torch threads oversubscribed by other processes slow down several times over.
+    others = {"the start": others_before} | {
         f"{NAMES[key]} {dtype}": r["other_cpu_s"] / r["duration_s"]
         for dtype, by_system in reports.items()
         for key, r in by_system.items()
         if "other_cpu_s" in r
     }
     busy = {label: cores for label, cores in others.items() if cores > OTHERS_BUSY_CORES}
-    if load_before > 1.5 or busy:
-        during = ", ".join(f"{cores:.2f} cores during {label}" for label, cores in busy.items())
+    if busy:
+        during = ", ".join(f"{cores:.2f} cores at {label}" for label, cores in busy.items())
         print(
-            f"warning: other processes used the CPUs (load average {load_before:.1f} before the "
-            f"first system{'; ' + during if during else ''}): these numbers are not comparable "
+            f"warning: other processes used the CPUs ({during}): these numbers are not comparable "
             "to a quiet machine's"
         )
 
@@ -586,12 +592,12 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load.make_prompts(tokenizer, args.num_requests, args.input_len, args.output_len, seed=args.seed)
     repeated = repeating(tokenizer, prompts)
     args.api_used = None
-    load_before = os.getloadavg()
+    load_before, others_before = os.getloadavg(), others_now()
     rates = {dtype: matmul_flops_per_s(dtype) for dtype in dtypes}
     print(
         "matmul: "
         + ", ".join(f"{r / 1e9:.0f} GFLOP/s {d}" for d, r in rates.items())
-        + f" ({torch.get_num_threads()} threads); load average {load_before[0]:.1f}",
+        + f" ({torch.get_num_threads()} threads); other processes {others_before:.2f} cores",
         flush=True,
     )
 
@@ -620,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for dtype in dtypes:
         print_summary(dtype, reports[dtype], rates[dtype], total_flops, limits[dtype])
-    print_warnings(reports, output_tokens, skipped, load_before[0])
+    print_warnings(reports, output_tokens, skipped, others_before)
 
     out = args.out_dir / f"bench-{stamp}"
     payload = {
@@ -630,6 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         "forward_flops": total_flops,
         "physical_limit_output_tok_s": limits,
         "load_average": {"before": load_before, "after": os.getloadavg()},
+        "other_cores_before": others_before,
         "reports": {d: {NAMES[k]: r for k, r in by.items()} for d, by in reports.items()},
         "skipped": skipped,
         "requests": requests,
