@@ -271,7 +271,9 @@ class EngineService:
         alive = [thread.name for thread in self.threads if thread.is_alive()]
         if alive:
             log.warning("engine threads still running at unload: %s", ", ".join(alive))
-        self.send_pool.shutdown(wait=False, cancel_futures=True)  # idle once the sender has returned
+        # Idle once the sender has returned. If it has not, its round still goes out: a final
+        # response in it has left `senders` already, and cancelling it would leave that request unanswered.
+        self.send_pool.shutdown(wait=False)
         with self.senders_lock:
             open_requests, self.senders = self.senders, {}
         error = pb_utils.TritonError("server shutting down", pb_utils.TritonError.UNAVAILABLE)
