@@ -33,7 +33,7 @@ from frontend.anthropic.schema import (
     ToolUseBlock,
 )
 from frontend.chat_tools.tools import FunctionDefinition, NamedFunction, Tool, ToolChoiceObject, tool_spec
-from frontend.engine_client.request import Job
+from frontend.engine_client.request import Job, temperature_or_default
 from frontend.media.parts import MediaRef
 from frontend.openai_api.schema import bad_request, tools_guide
 
@@ -60,7 +60,7 @@ def create_job(req: MessagesRequest) -> tuple[Job, list[MediaRef]]:
             "thinking.budget_tokens",
         )
     job.max_tokens = req.max_tokens
-    job.temperature = 1.0 if req.temperature is None else req.temperature  # Anthropic's default
+    job.temperature = temperature_or_default(req.temperature)  # Anthropic's default too
     job.top_p = req.top_p
     job.top_k = req.top_k or 0
     job.stop = list(req.stop_sequences or [])

@@ -12,7 +12,7 @@ from pydantic import BaseModel, BeforeValidator
 
 from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
 from frontend.engine_client import guides
-from frontend.engine_client.request import Job
+from frontend.engine_client.request import Job, temperature_or_default, top_p_or_default
 from frontend.field_rules import Priority, total_chars
 from frontend.openai_api.schema import (
     MAX_INT32,
@@ -49,8 +49,8 @@ def _databricks_sampling(request: DatabricksChatRequest | DatabricksCompletionRe
     """The Job fields both Databricks tasks share, with the documented defaults."""
     return {
         "max_tokens": request.max_tokens,
-        "temperature": 1.0 if request.temperature is None else request.temperature,
-        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "temperature": temperature_or_default(request.temperature),
+        "top_p": top_p_or_default(request.top_p),
         "top_k": request.top_k or 0,
         "stop": request.stop or [],
         "stream": bool(request.stream),

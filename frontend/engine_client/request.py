@@ -20,8 +20,11 @@ from frontend.chat_tools.tools import ToolSpec
 from frontend.engine_client.lora import RuntimeAdapter
 from frontend.engine_client.served import ServedModel
 from frontend.errors import APIError
+from tritonlm.sampling.seeds import sequence_seed
 
-_SEED_SPACE = 2**64
+# Every API's sampling defaults: a request that gives no temperature or top_p samples at 1.0.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0  # no limit (the engine's own default, top_p 0, would be greedy)
 
 # Engine and preprocessing tensors named in their error messages -> the API's field.
 _PARAMS = {
@@ -46,6 +49,16 @@ _PARAMS = {
 }
 _LEADING_NAME = re.compile(r"^(\w+)")
 _MEDIA_ITEM = re.compile(r"^media\[(\d+)\]")
+
+
+def temperature_or_default(temperature: float | None) -> float:
+    """A request's temperature, DEFAULT_TEMPERATURE when it gives none."""
+    return DEFAULT_TEMPERATURE if temperature is None else temperature
+
+
+def top_p_or_default(top_p: float | None) -> float:
+    """A request's top_p, DEFAULT_TOP_P when it gives none."""
+    return DEFAULT_TOP_P if top_p is None else top_p
 
 
 @dataclass(frozen=True)
@@ -81,7 +94,7 @@ class Job:
     top_p: float | None = None  # sampling: None is no limit
     top_k: int = 0  # 0: no limit
     typical_p: float | None = None
-    seed: int | None = None  # sequence i of the job draws with seed + i
+    seed: int | None = None  # sequence i of the job draws with seed + i (sequence_seed)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -227,15 +240,15 @@ class Job:
         if not self.sample or self.temperature == 0:
             return {"temperature": 0.0} if self.temperature == 0 else {}
         values: dict[str, Any] = {
-            "temperature": 1.0 if self.temperature is None else self.temperature,
-            "runtime_top_p": 1.0 if self.top_p is None else self.top_p,
+            "temperature": temperature_or_default(self.temperature),
+            "runtime_top_p": top_p_or_default(self.top_p),
         }
         if self.top_k:
             values["runtime_top_k"] = self.top_k
         if self.typical_p is not None:
             values["typical_p"] = self.typical_p
         if self.seed is not None:
-            values["random_seed"] = (self.seed + index) % _SEED_SPACE
+            values["random_seed"] = sequence_seed(self.seed, index)
         return values
 
     def named(self, error: APIError) -> APIError:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, mo
 
 from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
 from frontend.engine_client import guides
-from frontend.engine_client.request import Guide, Job
+from frontend.engine_client.request import Guide, Job, temperature_or_default, top_p_or_default
 from frontend.errors import APIError
 from frontend.field_rules import Priority, bounded_text, json_boolean, total_chars
 from frontend.media.parts import CHAT_PARTS, TextPart, parts_validator
@@ -236,8 +236,8 @@ def _stream_usage(stream: bool, options: StreamOptions | None) -> bool:
 def _sampling(request: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
     """The Job fields chat and completions requests share, with the documented defaults."""
     return {
-        "temperature": 1.0 if request.temperature is None else request.temperature,
-        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "temperature": temperature_or_default(request.temperature),
+        "top_p": top_p_or_default(request.top_p),
         "top_k": _top_k(request.top_k),
         "seed": request.seed,
         "presence_penalty": request.presence_penalty or 0.0,

@@ -18,9 +18,9 @@ import torch
 
 from tritonlm.lora.adapter import LoraAdapter
 from tritonlm.sampling.params import SamplingParams
+from tritonlm.sampling.seeds import sequence_seed
 
 _keys = itertools.count(1)
-_SEED_SPACE = 2**64  # random_seed is a UINT64
 
 
 def content_key(row: torch.Tensor) -> bytes:
@@ -137,7 +137,7 @@ class Request:
                 self,
                 key=next(_keys),
                 sequence_index=i,
-                params=replace(self.params, seed=None if seed is None else (seed + i) % _SEED_SPACE),
+                params=replace(self.params, seed=sequence_seed(seed, i)),
             )
             for i in range(count)
         )
