@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tritonlm.layer_names import layer_module
+
 MODULE_IDS: dict[str, int] = {
     "attn_qkv": 0,
     "attn_q": 1,
@@ -40,7 +42,7 @@ MODULE_TO_HF = {v: k for k, v in HF_TO_MODULE.items()}
 # attn_qkv (a fused projection in TensorRT-LLM) adapts q, k and v: B's rows are q's, then k's, then v's.
 QKV = ("q_proj", "k_proj", "v_proj")
 
-_PEFT_KEY = re.compile(r".*\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_(A|B)\.weight$")
+_PEFT_WEIGHTS = {"A.weight": "A", "B.weight": "B"}  # what follows `.lora_` in a PEFT weight's key
 
 
 class AdapterFormatError(ValueError):
@@ -73,14 +75,14 @@ def peft_to_tensors(adapter_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
         raise AdapterFormatError(f"{adapter_dir}: {names} not supported (plain LoRA on projections only)")
     pairs: dict[tuple[int, str], dict[str, np.ndarray]] = {}
     for key, value in state.items():
-        match = _PEFT_KEY.match(key)
-        if not match or match.group(2) not in HF_TO_MODULE:
+        name, _, weight = key.rpartition(".lora_")  # e.g. base_model.model.model.layers.0.self_attn.q_proj
+        match = layer_module(name)
+        if not match or match.projection not in HF_TO_MODULE or weight not in _PEFT_WEIGHTS:
             raise AdapterFormatError(
                 f"{adapter_dir}: weight {key!r} is not a LoRA A/B of a projection this engine adapts "
                 f"({', '.join(HF_TO_MODULE)})"
             )
-        layer, module, which = int(match.group(1)), match.group(2), match.group(3)
-        pairs.setdefault((layer, module), {})[which] = value.float().numpy()
+        pairs.setdefault((match.layer, match.projection), {})[_PEFT_WEIGHTS[weight]] = value.float().numpy()
     rows, entries = [], []
     for (layer, module), ab in sorted(pairs.items()):
         if set(ab) != {"A", "B"}:

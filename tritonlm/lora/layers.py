@@ -11,16 +11,14 @@ check per projection.
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
 
+from tritonlm.layer_names import layer_module
 from tritonlm.lora.adapter import LoraAdapter, Shapes
 from tritonlm.lora.format import HF_TO_MODULE
-
-_PROJECTION = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)$")
 
 
 class LoraLayers:
@@ -28,10 +26,10 @@ class LoraLayers:
         self.model = model
         self.projections: dict[tuple[int, str], nn.Linear] = {}
         for name, module in model.named_modules():
-            match = _PROJECTION.search(name)
+            match = layer_module(name)
             # nn.Linear, or what `worker/fused.py` put in its place (same features and hooks)
-            if match and match.group(2) in HF_TO_MODULE and hasattr(module, "out_features"):
-                self.projections[(int(match.group(1)), match.group(2))] = module
+            if match and match.projection in HF_TO_MODULE and hasattr(module, "out_features"):
+                self.projections[(match.layer, match.projection)] = module
         self.shapes: Shapes = {k: (m.in_features, m.out_features) for k, m in self.projections.items()}
         # This step's groups: (adapter, packed row indices, or None for every row).
         self.groups: list[tuple[LoraAdapter, torch.Tensor | None]] = []

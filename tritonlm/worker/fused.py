@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 import types
 
 import torch
@@ -41,9 +40,9 @@ from torch import nn
 from transformers.activations import SiLUActivation
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
+from tritonlm.layer_names import layer_module
 from tritonlm.worker import cpu_kernels
 
-_LAYER = re.compile(r"(?:^|\.)layers\.\d+\.(self_attn|mlp)$")
 GROUPS = {
     "self_attn": (("q_proj", "k_proj", "v_proj"), ("o_proj",)),
     "mlp": (("gate_proj", "up_proj"), ("down_proj",)),
@@ -200,10 +199,10 @@ def fuse(model: nn.Module) -> int:
         return 0
     fused = 0
     for name, block in list(model.named_modules()):
-        match = _LAYER.search(name)
-        if not match:
+        match = layer_module(name)
+        if not match or match.projection:
             continue
-        grouped, single = GROUPS[match.group(1)]
+        grouped, single = GROUPS[match.block]
         linears = [getattr(block, n, None) for n in grouped]
         if not all(type(m) is nn.Linear and m.in_features == linears[0].in_features for m in linears):
             continue  # another layout (e.g. GPT-2's c_attn): left as it is
