@@ -11,7 +11,8 @@
 
 Routes raise `APIError` (or let FastAPI raise `RequestValidationError`); `handle` is the only place
 that turns an exception into a response, so no route formats errors itself. Streams whose headers are
-already sent report errors as an event, in the same shapes (`openai_body`, `APIError.body`).
+already sent report errors as an event, in the same shapes (`openai_body`, `APIError.body`), through
+`frontend.streaming.with_error_event`.
 """
 
 from __future__ import annotations
@@ -81,6 +82,11 @@ class APIError(Exception):
     def body(self) -> dict[str, str]:
         """TGI's shape."""
         return {"error": self.message, "error_type": self.error_type}
+
+
+def internal_error() -> APIError:
+    """What a client learns of an unexpected failure: its trace goes to the server's log only."""
+    return APIError(500, "internal server error", "internal")
 
 
 def invalid_request(status: int, message: str, param: str) -> APIError:
@@ -184,7 +190,7 @@ def _as_api_error(exc: Exception, dotted: bool = False) -> APIError:
             return APIError(422, f"request body could not be parsed: {exc.detail}", headers=exc.headers)
         return APIError(exc.status_code, str(exc.detail), "http", headers=exc.headers)
     # Starlette re-raises after this, so the server logs the trace; the client never sees it.
-    return APIError(500, "internal server error", "internal")
+    return internal_error()
 
 
 async def handle(request: Request, exc: Exception) -> Response:

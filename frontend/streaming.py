@@ -5,8 +5,10 @@ a server-sent event stream or a single JSON body."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -14,13 +16,34 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from frontend.errors import ClientDisconnected
+from frontend.errors import APIError, ClientDisconnected, internal_error
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 def sse(payload: Any) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def with_error_event(
+    events: AsyncGenerator[T, None], upstream: AsyncGenerator[Any, None], error_event: Callable[[APIError], T]
+) -> AsyncIterator[T]:
+    """A stream's `events`, after its headers went out: if they fail, the stream ends with the API's
+    `error_event` (an APIError as it is, anything else as a 500 whose trace goes only to the log).
+    `upstream`, the engine's responses that `events` reads, is closed however the stream ends."""
+    try:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                yield event
+    except APIError as exc:
+        yield error_event(exc)
+    except Exception:
+        log.exception("stream failed after its headers were sent")
+        yield error_event(internal_error())
+    finally:
+        with contextlib.suppress(Exception):
+            await upstream.aclose()
 
 
 async def _disconnect(receive: Receive) -> None:

@@ -7,9 +7,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
@@ -24,9 +22,8 @@ from frontend.media.attach import attach
 from frontend.media.parts import MediaRef
 from frontend.models import resolve_model, traits, use_model
 from frontend.openai_api.schema import guide_calls_in_prompt
-from frontend.streaming import EventStream, until_disconnected
+from frontend.streaming import EventStream, until_disconnected, with_error_event
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -53,7 +50,8 @@ async def create_message(req: MessagesRequest, request: Request) -> Response:
     upstream = steps(state.triton, job)
     # The first response before the headers: errors the models report keep their HTTP status.
     head = await until_disconnected(request, first(upstream))
-    return EventStream(_events(MessageStream(fmt, job), head, upstream), upstream=upstream)
+    events = with_error_event(_events(MessageStream(fmt, job), head, upstream), upstream, _error_event)
+    return EventStream(events, upstream=upstream)
 
 
 @router.post("/v1/messages/count_tokens")
@@ -68,21 +66,15 @@ async def count_tokens(req: CountTokensRequest, request: Request) -> dict[str, i
 
 async def _events(
     stream: MessageStream, head: Step, upstream: AsyncGenerator[Step, None]
-) -> AsyncIterator[bytes]:
-    try:
-        step: Step | None = head
-        while step is not None:
-            for kind, data in stream.push(step):
-                yield sse_event(kind, data)
-            step = await anext(upstream, None)
-        if not stream.done:
-            raise unfinished()
-    except APIError as exc:
-        yield sse_event("error", anthropic_body(exc))
-    except Exception:
-        # Headers are gone already: the error travels as an event, the trace only to the log.
-        log.exception("message stream failed")
-        yield sse_event("error", anthropic_body(APIError(500, "internal server error")))
-    finally:
-        with contextlib.suppress(Exception):
-            await upstream.aclose()
+) -> AsyncGenerator[bytes, None]:
+    step: Step | None = head
+    while step is not None:
+        for kind, data in stream.push(step):
+            yield sse_event(kind, data)
+        step = await anext(upstream, None)
+    if not stream.done:
+        raise unfinished()
+
+
+def _error_event(exc: APIError) -> bytes:
+    return sse_event("error", anthropic_body(exc))

@@ -9,8 +9,6 @@ format. Errors are raised and rendered by frontend.errors, in OpenAI's shape.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -28,9 +26,8 @@ from frontend.openai_api.completion_format import CompletionFormat
 from frontend.openai_api.format import Format, Stream
 from frontend.openai_api.jobs import complete_all, stream_all
 from frontend.openai_api.schema import ChatCompletionRequest, CompletionRequest, guide_calls_in_prompt
-from frontend.streaming import EventStream, sse, until_disconnected
+from frontend.streaming import EventStream, sse, until_disconnected, with_error_event
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 DONE = b"data: [DONE]\n\n"
 
@@ -82,7 +79,8 @@ async def serve(request: Request, fmt: Format, jobs: list[Job]) -> Response:
     # Wait for the first response before answering, so that errors Triton reports for the request
     # (a prompt too long, …) still get their HTTP status instead of an SSE error event.
     head = await until_disconnected(request, first(upstream))
-    return EventStream(_events(stream, head, upstream), upstream=upstream)
+    events = with_error_event(_events(stream, head, upstream), upstream, _error_event)
+    return EventStream(events, upstream=upstream)
 
 
 async def _prompts(triton: Any, fmt: Format, jobs: list[Job]) -> list[Prompt | None]:
@@ -99,21 +97,15 @@ async def _whole(chunk: dict[str, Any]) -> AsyncIterator[bytes]:
 
 async def _events(
     stream: Stream, first: tuple[int, Step], upstream: AsyncGenerator[tuple[int, Step], None]
-) -> AsyncIterator[bytes]:
-    try:
-        item: tuple[int, Step] | None = first
-        while item is not None:
-            yield sse(stream.push(*item))
-            item = await anext(upstream, None)
-        if not stream.done:
-            raise unfinished()
-    except APIError as exc:
-        yield sse(openai_body(exc))
-    except Exception:
-        # Headers are gone already: the error must travel as an event, the trace only to the log.
-        log.exception("generation stream failed")
-        yield sse(openai_body(APIError(500, "internal server error")))
-    finally:
-        with contextlib.suppress(Exception):
-            await upstream.aclose()
+) -> AsyncGenerator[bytes, None]:
+    item: tuple[int, Step] | None = first
+    while item is not None:
+        yield sse(stream.push(*item))
+        item = await anext(upstream, None)
+    if not stream.done:
+        raise unfinished()
     yield DONE
+
+
+def _error_event(exc: APIError) -> bytes:
+    return sse(openai_body(exc)) + DONE  # a failed stream ends with [DONE] too

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -29,9 +28,8 @@ from frontend.responses.convert import Turn, to_turn
 from frontend.responses.format import Envelope, Event, Output, closing, whole
 from frontend.responses.schema import ResponsesRequest
 from frontend.responses.store import ResponseStore, Stored
-from frontend.streaming import EventStream, until_disconnected
+from frontend.streaming import EventStream, until_disconnected, with_error_event
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -64,7 +62,7 @@ async def create_response(req: ResponsesRequest, request: Request) -> Response:
     # The first response before the headers: errors the models report still get their HTTP status.
     head = await until_disconnected(request, first(upstream))
     events = _events(request, req, history, turn, envelope, output, head, upstream)
-    return EventStream(events, upstream=upstream)
+    return EventStream(_numbered(with_error_event(events, upstream, _error_event)), upstream=upstream)
 
 
 @router.get("/v1/responses/{response_id}")
@@ -98,6 +96,19 @@ def _sse(event: Event) -> bytes:
     return f"event: {event['type']}\ndata: {data}\n\n".encode()
 
 
+async def _numbered(events: AsyncGenerator[Event, None]) -> AsyncIterator[bytes]:
+    """The stream's events as sent: each with its `sequence_number`, from 0."""
+    sequence = itertools.count()
+    async with contextlib.aclosing(events):
+        async for event in events:
+            yield _sse({**event, "sequence_number": next(sequence)})
+
+
+def _error_event(exc: APIError) -> Event:
+    error = openai_body(exc)["error"]
+    return {"type": "error", "code": error["code"], "message": error["message"], "param": error["param"]}
+
+
 async def _events(
     request: Request,
     req: ResponsesRequest,
@@ -107,43 +118,26 @@ async def _events(
     output: Output,
     head: Step,
     upstream: AsyncGenerator[Step, None],
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[Event, None]:
     """The stream: created, in_progress, each item's events as the reply is read, then completed (or
-    incomplete) with the whole response; an `error` event if generation fails after the headers."""
-    sequence = itertools.count()
-
-    def numbered(event: Event) -> bytes:
-        return _sse({**event, "sequence_number": next(sequence)})
-
+    incomplete) with the whole response (numbered by `_numbered`; `with_error_event` adds an `error`
+    event if generation fails)."""
     gen = Generation()
-    try:
-        for kind in ("response.created", "response.in_progress"):
-            yield numbered({"type": kind, "response": envelope.body("in_progress", [], None)})
-        step: Step | None = head
-        while step is not None:
-            gen.add(step)
-            part = output.reader.feed(step.text)
-            if step.finish_reason:
-                part += output.reader.finish()
-            for event in output.feed(part, step.tokens):
-                yield numbered(event)
-            step = None if step.finish_reason else await anext(upstream, None)
-        if not gen.finish_reason:
-            raise unfinished()
-        last, body = closing(envelope, output, gen)
-        for event in last:
-            yield numbered(event)
-        _remember(request, req, history, turn, body)
-        yield numbered({"type": f"response.{body['status']}", "response": body})
-    except APIError as exc:
-        error = openai_body(exc)["error"]
-        yield numbered(
-            {"type": "error", "code": error["code"], "message": error["message"], "param": error["param"]}
-        )
-    except Exception:
-        # Headers are gone already: the error travels as an event, the trace only to the log.
-        log.exception("responses stream failed")
-        yield numbered({"type": "error", "code": None, "message": "internal server error", "param": None})
-    finally:
-        with contextlib.suppress(Exception):
-            await upstream.aclose()
+    for kind in ("response.created", "response.in_progress"):
+        yield {"type": kind, "response": envelope.body("in_progress", [], None)}
+    step: Step | None = head
+    while step is not None:
+        gen.add(step)
+        part = output.reader.feed(step.text)
+        if step.finish_reason:
+            part += output.reader.finish()
+        for event in output.feed(part, step.tokens):
+            yield event
+        step = None if step.finish_reason else await anext(upstream, None)
+    if not gen.finish_reason:
+        raise unfinished()
+    last, body = closing(envelope, output, gen)
+    for event in last:
+        yield event
+    _remember(request, req, history, turn, body)
+    yield {"type": f"response.{body['status']}", "response": body}

@@ -8,10 +8,8 @@ ensemble's steps into TGI's JSON; errors are raised, and rendered by frontend.er
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import secrets
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -34,11 +32,10 @@ from frontend.errors import APIError
 from frontend.media.attach import attach
 from frontend.media.parts import text_of, tgi_media
 from frontend.models import traits, use_model
-from frontend.streaming import EventStream, sse, until_disconnected
+from frontend.streaming import EventStream, sse, until_disconnected, with_error_event
 from frontend.tgi.info import info
 from frontend.tgi.schema import ADAPTER_NONE, DEFAULT_MAX_NEW_TOKENS, GenerateRequest
 
-log = logging.getLogger(__name__)
 router = APIRouter()
 
 # The engine's finish reasons in TGI's words. Seed 000 files a cancelled/stopped request under
@@ -204,7 +201,8 @@ async def serve(req: GenerateRequest, request: Request, triton: Triton, listed: 
     if req.stream:
         upstream = steps(triton, job)
         step = await until_disconnected(request, first(upstream))
-        return EventStream(_events(req, job, step, upstream), upstream=upstream)
+        events = with_error_event(_events(req, job, step, upstream), upstream, lambda exc: sse(exc.body()))
+        return EventStream(events, upstream=upstream)
 
     prefill = await until_disconnected(request, _prefill(triton, job)) if p.decoder_input_details else []
     gen = await until_disconnected(request, generate(triton, job))
@@ -240,42 +238,32 @@ def _step_events(step: Step, carry: str) -> list[dict[str, Any]]:
 
 async def _events(
     req: GenerateRequest, job: Job, first: Step, upstream: AsyncGenerator[Step, None]
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     p = req.parameters
     gen = Generation()
     carry = ""  # text that arrived without a token, sent with the next token
-    try:
-        step: Step | None = first
-        while step is not None:
-            gen.add(step)
-            events = _step_events(step, carry)
-            carry = "" if events else carry + step.text
-            if step.finish_reason:
-                if not events:  # the final response carried no token: the text still needs an event
-                    events = [_event([], carry, None, False)]
-                events[-1]["generated_text"] = (_full_text(req) if p.return_full_text else "") + gen.text
-                if p.details:
-                    events[-1]["details"] = {
-                        "prompt_tokens": gen.prompt_tokens,
-                        "finish_reason": _finish(gen.finish_reason),
-                        "generated_tokens": len(gen.tokens),
-                        "seed": job.seed,
-                    }
-            for event in events:
-                yield sse(event)
-            if step.finish_reason:
-                break
-            step = await anext(upstream, None)
-        else:
-            raise unfinished()
-        async for _ in upstream:  # let Triton's final (empty) response end the gRPC stream cleanly
-            pass
-    except APIError as exc:
-        yield sse(exc.body())
-    except Exception:
-        # Headers are gone already: the error must travel as an event, the trace only to the log.
-        log.exception("generation stream failed")
-        yield sse({"error": "internal server error", "error_type": "internal"})
-    finally:
-        with contextlib.suppress(Exception):
-            await upstream.aclose()
+    step: Step | None = first
+    while step is not None:
+        gen.add(step)
+        events = _step_events(step, carry)
+        carry = "" if events else carry + step.text
+        if step.finish_reason:
+            if not events:  # the final response carried no token: the text still needs an event
+                events = [_event([], carry, None, False)]
+            events[-1]["generated_text"] = (_full_text(req) if p.return_full_text else "") + gen.text
+            if p.details:
+                events[-1]["details"] = {
+                    "prompt_tokens": gen.prompt_tokens,
+                    "finish_reason": _finish(gen.finish_reason),
+                    "generated_tokens": len(gen.tokens),
+                    "seed": job.seed,
+                }
+        for event in events:
+            yield sse(event)
+        if step.finish_reason:
+            break
+        step = await anext(upstream, None)
+    else:
+        raise unfinished()
+    async for _ in upstream:  # let Triton's final (empty) response end the gRPC stream cleanly
+        pass
