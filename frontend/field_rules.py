@@ -3,11 +3,15 @@ the field allows; the error handler adds the field's path (frontend/errors.py)."
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
+
+MAX_INT32 = 2**31 - 1
+MAX_UINT64 = 2**64 - 1  # a seed: the engine's random_seed is a UINT64
 
 
 def json_boolean(value: Any, optional: bool = False) -> Any:
@@ -15,6 +19,43 @@ def json_boolean(value: Any, optional: bool = False) -> Any:
     if isinstance(value, bool) or (optional and value is None):
         return value
     raise ValueError("must be a JSON boolean (true or false)")
+
+
+def number(
+    low: float,
+    high: float | None = None,
+    *,
+    integer: bool = False,
+    low_open: bool = False,
+    high_open: bool = False,
+    also: tuple[int, ...] = (),
+    says_value: bool = True,
+) -> Any:
+    """A JSON number in the interval [low, high] ("(" / ")" with *_open; no high: unbounded), or
+    one of `also` (e.g. top_k's -1). An out-of-range value is quoted in the message unless not
+    `says_value` (TGI's messages say only what is allowed)."""
+    kind = "an integer" if integer else "a number"
+    upper = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
+    interval = f"{'(' if low_open else '['}{low}, {upper}"
+    allowed = f"{kind} in {interval}" + "".join(f" or {a}" for a in also)
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        is_int = isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
+        if not (is_int if integer else is_int or isinstance(value, float)):
+            raise ValueError(f"must be {allowed}")
+        if value in also:
+            return value
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"must be {allowed}")
+        above = value > low if low_open else value >= low
+        below = high is None or (value < high if high_open else value <= high)
+        if not (above and below):
+            raise ValueError(f"must be {allowed}" + (f", got {value}" if says_value else ""))
+        return value
+
+    return BeforeValidator(check)
 
 
 def bounded_text(value: Any, max_chars: int) -> str:

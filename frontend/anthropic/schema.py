@@ -16,9 +16,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from frontend.field_rules import Priority
+from frontend.field_rules import MAX_INT32, Priority, number
 from frontend.media.parts import parts_validator
-from frontend.openai_api.schema import MAX_INT32, STRICT_BODY, Flag, number
+from frontend.openai_api.schema import STRICT_BODY, Flag
 
 MIN_THINKING_BUDGET = 1024  # Anthropic's least budget_tokens
 

@@ -13,9 +13,8 @@ from pydantic import BaseModel, BeforeValidator
 from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
 from frontend.engine_client import guides
 from frontend.engine_client.request import Job, temperature_or_default, top_p_or_default
-from frontend.field_rules import Priority, total_chars
+from frontend.field_rules import MAX_INT32, Priority, number, total_chars
 from frontend.openai_api.schema import (
-    MAX_INT32,
     MAX_PROMPT_CHARS,
     MAX_SEQUENCES,
     MAX_TOP_LOGPROBS,
@@ -25,7 +24,6 @@ from frontend.openai_api.schema import (
     Stop,
     bad_request,
     chat_messages,
-    number,
     tools_guide,
 )
 

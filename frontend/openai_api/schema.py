@@ -10,7 +10,6 @@ request into the API-neutral `frontend.engine_client.request.Job` and raises a 4
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
 from fastapi.exceptions import RequestValidationError
@@ -20,12 +19,18 @@ from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
 from frontend.engine_client import guides
 from frontend.engine_client.request import Guide, Job, temperature_or_default, top_p_or_default
 from frontend.errors import APIError
-from frontend.field_rules import Priority, bounded_text, json_boolean, total_chars
+from frontend.field_rules import (
+    MAX_INT32,
+    MAX_UINT64,
+    Priority,
+    bounded_text,
+    json_boolean,
+    number,
+    total_chars,
+)
 from frontend.media.parts import CHAT_PARTS, TextPart, parts_validator
 from frontend.openai_api import prompt_embeds
 
-MAX_INT32 = 2**31 - 1
-MAX_UINT64 = 2**64 - 1
 MAX_PROMPT_CHARS = 4 * 1024 * 1024  # "0 KB < characters <= 4 MB"
 MAX_STOP_CHARS = 32 * 1024  # OpenAI completions: a stop string, or all of a list, at most 32768 characters
 MAX_SEQUENCES = 128  # n and best_of: [1, 128]
@@ -58,41 +63,6 @@ def _optional_flag(value: Any) -> Any:
 
 
 Flag = Annotated[bool | None, BeforeValidator(_optional_flag)]
-
-
-def number(
-    low: float,
-    high: float | None = None,
-    *,
-    integer: bool = False,
-    low_open: bool = False,
-    high_open: bool = False,
-    also: tuple[int, ...] = (),
-) -> Any:
-    """A JSON number in the interval [low, high] ("(" / ")" with *_open; no high: unbounded), or
-    one of `also` (e.g. top_k's -1)."""
-    kind = "an integer" if integer else "a number"
-    upper = "inf)" if high is None else f"{high}{')' if high_open else ']'}"
-    interval = f"{'(' if low_open else '['}{low}, {upper}"
-    allowed = f"{kind} in {interval}" + "".join(f" or {a}" for a in also)
-
-    def check(value: Any) -> Any:
-        if value is None:
-            return None
-        is_int = isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
-        if not (is_int if integer else is_int or isinstance(value, float)):
-            raise ValueError(f"must be {allowed}")
-        if value in also:
-            return value
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"must be {allowed}")
-        above = value > low if low_open else value >= low
-        below = high is None or (value < high if high_open else value <= high)
-        if not (above and below):
-            raise ValueError(f"must be {allowed}, got {value}")
-        return value
-
-    return BeforeValidator(check)
 
 
 def _stop(value: Any) -> list[str] | None:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, BeforeValidator, Field, PlainValidator, Validati
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from frontend.chat_tools.tools import FunctionDefinition, NamedFunction, ToolChoiceObject
-from frontend.field_rules import Priority, bounded_text
+from frontend.field_rules import Priority, bounded_text, number
 from frontend.media.parts import parts_validator
 from frontend.openai_api.schema import (
     MAX_PROMPT_CHARS,
@@ -23,7 +23,6 @@ from frontend.openai_api.schema import (
     Flag,
     MaxTokens,
     TopP,
-    number,
 )
 
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512

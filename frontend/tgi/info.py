@@ -13,7 +13,8 @@ from typing import Any
 from fastapi import Request
 
 from frontend.engine_info import engine_config
-from frontend.tgi.schema import MAX_INT32, MAX_STOP_ITEMS
+from frontend.field_rules import MAX_INT32
+from frontend.tgi.schema import MAX_STOP_ITEMS
 from tritonlm.config import EngineConfig
 
 ROUTER = "tritonlm-frontend"  # TGI names its router here; ours is this FastAPI frontend

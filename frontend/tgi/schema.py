@@ -8,17 +8,14 @@ number), unknown fields are rejected, and each error names the field and what it
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from frontend.field_rules import Priority, bounded_text, json_boolean
+from frontend.field_rules import MAX_INT32, MAX_UINT64, Priority, bounded_text, json_boolean, number
 from frontend.media.parts import INPUT_PARTS, parts_validator
 
-MAX_INT32 = 2_147_483_647
-MAX_UINT64 = 18_446_744_073_709_551_615
 MAX_INPUT_CHARS = 4 * 1024 * 1024
 MAX_STOP_ITEMS = 1024
 MAX_STOP_CHARS = 1024
@@ -33,26 +30,8 @@ Flag = Annotated[bool, BeforeValidator(json_boolean)]
 
 
 def _number(low: float, high: float | None = None, *, integer: bool = False, high_open: bool = False) -> Any:
-    """A validator for a JSON number in (low, high] — or (low, high) with high_open, or > low."""
-    kind = "an integer" if integer else "a number"
-    if high is None:
-        allowed = f"{kind} greater than {low}"
-    else:
-        allowed = f"{kind} in ({low}, {high}{')' if high_open else ']'}"
-
-    def check(value: Any) -> Any:
-        if value is None:
-            return None
-        is_int = isinstance(value, int) and not isinstance(value, bool)  # JSON true is not 1
-        if not (is_int if integer else is_int or isinstance(value, float)):
-            raise ValueError(f"must be {allowed}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"must be {allowed}")
-        if not (value > low and (high is None or (value < high if high_open else value <= high))):
-            raise ValueError(f"must be {allowed}")
-        return value
-
-    return BeforeValidator(check)
+    """A validator for a JSON number in (low, high], or (low, high) with high_open, or > low."""
+    return number(low, high, integer=integer, low_open=True, high_open=high_open, says_value=False)
 
 
 def _inputs(value: Any) -> Any:
