@@ -12,7 +12,8 @@ from engine_helpers import request
 from test_engine import run_all
 from transformers import AutoModelForCausalLM
 
-from tritonlm.config import EngineConfig, cpu_has_native_bf16
+from tritonlm.config import EngineConfig
+from tritonlm.platforms.cpu import cpu_has_native_bf16
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker.model_runner import ModelRunner
 

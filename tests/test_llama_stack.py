@@ -1,4 +1,4 @@
-"""The Llama stack (tritonlm/worker/llama_stack.py): a step without LoRA adapters goes through it,
+"""The Llama stack (tritonlm/worker/model_paths/llama_stack.py): a step without LoRA adapters goes through it,
 and its logits are those of transformers' modules bitwise, in both dtypes, on every attention
 backend, over steps that mix prefill chunks, decodes and prompt logits; a model that is not
 exactly Llama's (tests/test_engine.py's Qwen2 and GPT-2), a runner without fused projections and a
@@ -15,7 +15,7 @@ from test_engine import run_all
 from tritonlm.config import EngineConfig
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker import cpu_kernels
-from tritonlm.worker.llama_stack import LlamaStack
+from tritonlm.worker.model_paths.llama_stack import LlamaStack
 from tritonlm.worker.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(cpu_kernels.unavailable() is not None, reason=f"{cpu_kernels.unavailable()}")
@@ -38,15 +38,15 @@ def _runner(model_dir, dtype: str, attention_backend: str, **settings) -> ModelR
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_every_step_through_the_stack_gives_the_module_paths_logits(model_dir, dtype, attention_backend):
     runner = _runner(model_dir, dtype, attention_backend)
-    assert isinstance(runner.stack, LlamaStack)
-    stack, execute = runner.stack, runner.execute
+    assert isinstance(runner.fast_path, LlamaStack)
+    stack, execute = runner.fast_path, runner.execute
     compared = []
 
     def both_paths(work):
         # A step run twice writes the same keys and values: the second run sees the first's cache.
-        runner.stack = None
+        runner.fast_path = None
         reference = execute(work)
-        runner.stack = stack
+        runner.fast_path = stack
         out = execute(work)
         assert torch.equal(out.logits, reference.logits)
         assert out.all_logits.keys() == reference.all_logits.keys()
@@ -64,6 +64,6 @@ def test_every_step_through_the_stack_gives_the_module_paths_logits(model_dir, d
 
 
 def test_the_stack_is_for_fused_llama_models_where_the_kernels_run(model_dir, monkeypatch):
-    assert _runner(model_dir, "float32", "sdpa", fuse_projections=False).stack is None
+    assert _runner(model_dir, "float32", "sdpa", fuse_projections=False).fast_path is None
     monkeypatch.setattr(cpu_kernels, "unavailable", lambda: "this CPU has no AVX-512F")
-    assert _runner(model_dir, "float32", "sdpa").stack is None
+    assert _runner(model_dir, "float32", "sdpa").fast_path is None

@@ -40,17 +40,6 @@ def _setting(default: Any, shown: str, meaning: str, aliases: tuple[str, ...] = 
     return field(default=default, metadata={"shown": shown, "meaning": meaning, "aliases": aliases})
 
 
-def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU multiplies bfloat16 in hardware (AVX-512 BF16 or AMX), as vLLM's CPU backend
-    asks before it picks bfloat16: there a bf16 matmul runs 2-6x faster than fp32, elsewhere slower."""
-    try:
-        with open(cpuinfo) as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 @dataclass(frozen=True)
 class EngineConfig:
     model_dir: str = _setting("", "`MODEL_DIR` env", "checkpoint directory")
@@ -146,8 +135,16 @@ class EngineConfig:
         "SiLU-and-mul in one pass each (`tritonlm/worker/fused.py`: 2x faster bf16 decode steps, "
         "~15% faster prefill; results within rounding of the unfused ones), and a Llama model's steps "
         "without LoRA adapters run its layers over those modules without transformers' module calls "
-        "(`tritonlm/worker/llama_stack.py`, bitwise the same logits); `false`: the model's modules as "
-        "loaded",
+        "(`tritonlm/worker/model_paths/llama_stack.py`, bitwise the same logits); `false`: the model's "
+        "modules as loaded",
+    )
+    model_path: str = _setting(
+        "auto",
+        "`auto`",
+        "what runs the model's forward step: `transformers`, the checkpoint's own transformers modules "
+        "(every architecture); `llama_stack`, the fast path of Llama models on CPU; `auto`: the fast "
+        "path of the model's architecture on this device where one exists and can run it (the log "
+        "says why not), else `transformers`",
     )
 
     attention_backend: str = _setting(
@@ -226,17 +223,22 @@ class EngineConfig:
         return replace(self, max_seq_len=min(checkpoint_max_positions(self.model_dir), MAX_SEQ_LEN_CAP))
 
     def kv_cache_size(self, bytes_per_block: int, device_type: str, free_bytes: int) -> EngineConfig:
-        """With `kv_cache_blocks` resolved: as set, else the memory fraction of `free_bytes` (free GPU
-        memory after loading the model; on CPU MemAvailable, capped at 2 × max_num_seqs × max_seq_len
-        tokens, since CPU pages are only touched as blocks come into use). Fails when the cache cannot
-        hold one max_seq_len sequence. Call on a resolved config."""
+        """With `kv_cache_blocks` resolved: as set, else the memory fraction (the platform's default
+        when unset) of `free_bytes` (the platform's `free_memory` after loading the model), on a
+        platform whose pages are only touched as blocks come into use (CPU) capped at 2 × max_num_seqs
+        × max_seq_len tokens. Fails when the cache cannot hold one max_seq_len sequence. Call on a
+        resolved config."""
+        from tritonlm import platforms
+
         blocks = self.kv_cache_blocks
         if not blocks:
-            if device_type == "cuda":
-                budget = (self.kv_cache_memory_fraction or 0.9) * self.kv_cache_share * free_bytes
-            else:
-                cap = 2 * self.max_num_seqs * self.max_seq_len // self.block_size * bytes_per_block
-                budget = min((self.kv_cache_memory_fraction or 0.2) * self.kv_cache_share * free_bytes, cap)
+            platform = platforms.platform_class(device_type)
+            fraction = self.kv_cache_memory_fraction or platform.kv_memory_fraction
+            budget = fraction * self.kv_cache_share * free_bytes
+            if platform.kv_capped_by_use:
+                budget = min(
+                    budget, 2 * self.max_num_seqs * self.max_seq_len // self.block_size * bytes_per_block
+                )
             blocks = max(int(budget // bytes_per_block), 1)
         if blocks * self.block_size < self.max_seq_len:
             raise ConfigError(
@@ -247,25 +249,25 @@ class EngineConfig:
         return replace(self, kv_cache_blocks=blocks)
 
     def torch_device(self) -> Any:
-        import torch
+        """The torch device `device` names on this machine (`tritonlm.platforms`' rule for `auto`)."""
+        from tritonlm import platforms
 
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        return platforms.resolve_device(self.device)
 
     def engine_threads(self) -> int:
         """The torch threads the served engine runs with on CPU (`cpu_threads`, 0: every CPU)."""
         return self.cpu_threads or len(os.sched_getaffinity(0))
 
     def torch_dtype(self, device: Any, checkpoint_dtype: Any = None) -> Any:
-        """The weights' and KV cache's dtype on `device`, for a checkpoint saved in `checkpoint_dtype`."""
+        """The weights' and KV cache's dtype on `device`, for a checkpoint saved in `checkpoint_dtype`
+        (`auto`: the platform's choice)."""
         import torch
+
+        from tritonlm import platforms
 
         if self.dtype != "auto":
             return getattr(torch, self.dtype)
-        if device.type == "cpu":  # half precision matmuls are slow or missing on most other CPUs
-            return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
-        return checkpoint_dtype if checkpoint_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+        return platforms.of(device).default_dtype(checkpoint_dtype)
 
     def describe(self) -> str:
         """One line for the log: every setting as resolved."""
@@ -285,12 +287,14 @@ class EngineConfig:
             f"one of {', '.join(SCHEDULING_POLICIES)}",
         )
         from tritonlm.worker.attention import registry  # import-free: the backends' names
+        from tritonlm.worker.model_paths import registry as paths
 
         need(
             self.attention_backend in registry.NAMES,
             "attention_backend",
             f"one of {', '.join(registry.NAMES)}",
         )
+        need(self.model_path in paths.NAMES, "model_path", f"one of {', '.join(paths.NAMES)}")
         need(self.max_seq_len == 0 or self.max_seq_len >= 2, "max_seq_len", "0 (from the checkpoint) or >= 2")
         for name in ("max_num_seqs", "block_size"):
             need(getattr(self, name) >= 1, name, ">= 1")

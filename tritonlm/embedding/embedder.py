@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - torch's usual alias
 from transformers import AutoModel, AutoTokenizer
 
+from tritonlm import platforms
 from tritonlm.embedding.config import SentenceConfig
 
 log = logging.getLogger(__name__)
@@ -26,9 +27,7 @@ def with_instruction(text: str, instruction: str) -> str:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name in ("", "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    return platforms.resolve_device(name)
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, modes: tuple[str, ...]) -> torch.Tensor:

@@ -21,6 +21,7 @@ from transformers import (
 )
 from transformers.masking_utils import create_bidirectional_mask
 
+from tritonlm import platforms
 from tritonlm.multimodal import onevision
 from tritonlm.multimodal.architectures import MEDIA_KINDS, architecture
 from tritonlm.multimodal.limits import MediaLimits
@@ -51,9 +52,7 @@ class MediaEncoder:
         if name not in MODEL_CLASSES:
             raise ValueError(f"{model_dir} is not a multimodal checkpoint this server can encode")
         model_class, self.kinds = MODEL_CLASSES[name], MEDIA_KINDS[name]
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
+        self.device = platforms.resolve_device(device)
         self.model = model_class.from_pretrained(model_dir, dtype=torch.float32).eval()
         self.onevision = name == onevision.ARCHITECTURE
         # OneVision's AutoProcessor needs torchvision (see onevision.py).

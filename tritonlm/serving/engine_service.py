@@ -18,9 +18,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-import torch
 import triton_python_backend_utils as pb_utils
 
+from tritonlm import platforms
 from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.sequence import Sequence
@@ -72,8 +72,8 @@ class Siblings:
 class EngineService:
     def __init__(self, args: dict) -> None:
         config = EngineConfig.from_parameters(triton_glue.parameters(args))
-        if config.torch_device().type == "cpu":  # this process serves the engine alone
-            torch.set_num_threads(config.engine_threads())
+        # This process serves the engine alone: its threads are the engine's.
+        platforms.resolve(config.device).configure_threads(config.engine_threads())
         self.runner = ModelRunner(config)
         self.adapters = LoraStore(
             self.runner.config, self.runner.lora.shapes, self.runner.dtype, self.runner.device

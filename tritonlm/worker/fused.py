@@ -1,4 +1,5 @@
-"""CPU step kernels (`fuse_projections`): fewer, faster matrix multiplies per decoder layer.
+"""Fused projections (`fuse_projections`, where the platform fuses: the CPU in fp32 and bf16): fewer
+matrix multiplies per decoder layer, each by the projection's linear method (`worker/linear`).
 
 At serving batch sizes (tens of tokens per step) a CPU decode step is many small matrix multiplies,
 and each call costs about as much in fixed overhead as in arithmetic. Here, once at load:
@@ -7,9 +8,8 @@ and each call costs about as much in fixed overhead as in arithmetic. Here, once
   layer, gate/up of every MLP. Each keeps its own module (LoRA's forward hooks still see q_proj,
   k_proj, … with their input and their slice of the output, and add to it in place); the first
   member called computes the whole group's output, the others return their slice of it;
-- every such group, each other projection (o_proj, down_proj) and the LM head run on oneDNN with
-  their weights pre-packed into its blocked layout (`mkldnn._linear_pointwise`, what inductor's
-  freezing uses): 1.2x (bf16) to 1.5x (fp32) faster than `F.linear` at 32 rows on this CPU;
+- every such group, each other projection (o_proj, down_proj) and the LM head become a `Projection`
+  of the linear method `linear.choose` picks for it (oneDNN-packed on this project's CPUs);
 - the batched decode attention folds grouped-query heads into the query length (the runner tells
   its attention backend, `AttentionBackend.on_fused_projections`; the SDPA backend's `fold_gqa`),
   which avoids SDPA's slow GQA path on CPU (5x in bf16 at one query per sequence);
@@ -19,14 +19,12 @@ and each call costs about as much in fixed overhead as in arithmetic. Here, once
   a decode step's. In bf16 they are bitwise torch's; in fp32 a unit in the last place apart (the
   order of the sum of squares, the last bit of e^x).
 
-Results: the projections are bitwise equal to `F.linear` in bf16 (both oneDNN) and differ from
-MKL's sgemm in fp32 by summation order (a few 1e-6 per projection; fp32 greedy tokens unchanged);
-the folded attention differs from SDPA's GQA path by bf16 rounding (one unit in the last place of
-some outputs, equally far from an fp32 reference), so bf16 greedy runs may part at near-ties, as two
-batch sizes do (tests/test_bfloat16.py's tolerance). Only on CPU and for float32/bfloat16; the
-model's other modules are untouched. The replaced projections'
-own weights are dropped (the packed copy replaces them); the LM head keeps its weight (it may be
-tied to the input embeddings).
+Results: the folded attention differs from SDPA's GQA path by bf16 rounding (one unit in the last
+place of some outputs, equally far from an fp32 reference), so bf16 greedy runs may part at
+near-ties, as two batch sizes do (tests/test_bfloat16.py's tolerance); the projections are as exact
+as their method (`linear/onednn.py`). The model's other modules are untouched. The replaced
+projections' own weights are dropped (the projection holds its own form of them); the LM head keeps
+its weight (it may be tied to the input embeddings).
 """
 
 from __future__ import annotations
@@ -40,58 +38,36 @@ from torch import nn
 from transformers.activations import SiLUActivation
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 
+from tritonlm import platforms
 from tritonlm.layer_names import layer_module
 from tritonlm.worker import cpu_kernels
+from tritonlm.worker import linear as linear_methods
 
 GROUPS = {
     "self_attn": (("q_proj", "k_proj", "v_proj"), ("o_proj",)),
     "mlp": (("gate_proj", "up_proj"), ("down_proj",)),
 }
-# The row count oneDNN packs for (a hint: any count works): a decode step's batch.
-PACK_ROWS = 32
-
-
-def _packs(dtype: torch.dtype) -> bool:
-    if not torch.backends.mkldnn.is_available():  # a torch built without oneDNN: nothing to pack
-        return False
-    if dtype == torch.float32:
-        return True
-    return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
-class Matmul:
-    """`x @ weight.T + bias` for a fixed weight: oneDNN on the pre-packed weight, or F.linear."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.packed = _packs(weight.dtype)
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS) if self.packed else weight
-        self.bias = bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return nn.functional.linear(x, self.weight, self.bias)
 
 
 class PackedLinear(nn.Module):
-    """Stands in for one nn.Linear (same features, same forward hooks)."""
+    """Stands in for one nn.Linear (same features, same forward hooks), computed by its `projection`."""
 
-    def __init__(self, linear: nn.Linear, keep_weight: bool = False) -> None:
+    def __init__(self, name: str, linear: nn.Linear, keep_weight: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = None if linear.bias is None else linear.bias.detach()
-        self.matmul = Matmul(linear.weight.detach(), bias)
+        self.projection = linear_methods.prepare(name, linear.weight.detach(), bias)
         if keep_weight:  # e.g. the LM head, whose weight others read (tied embeddings, vocab size)
             self.weight = linear.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x)
+        return self.projection(x)
 
 
 class _Group:
     """The projections that read one input: one matrix multiply for all, cached for the others."""
 
-    def __init__(self, linears: list[nn.Linear]) -> None:
+    def __init__(self, name: str, linears: list[nn.Linear]) -> None:
         weight = torch.cat([m.weight.detach() for m in linears])
         biases = [m.bias for m in linears]
         bias = None
@@ -102,7 +78,7 @@ class _Group:
                     for m, b in zip(linears, biases, strict=True)
                 ]
             )
-        self.matmul = Matmul(weight, bias)
+        self.projection = linear_methods.prepare(name, weight, bias)
         bounds = [0]
         for m in linears:
             bounds.append(bounds[-1] + m.out_features)
@@ -114,7 +90,7 @@ class _Group:
     def slice(self, member: int, x: torch.Tensor) -> torch.Tensor:
         # The members are called one after the other on the same tensor (q, k, v; gate, up).
         if self.input is not x or self.left == 0:
-            self.input, self.output = x, self.matmul(x)
+            self.input, self.output = x, self.projection(x)
             self.left = len(self.spans)
         a, b = self.spans[member]
         out = self.output[..., a:b]
@@ -191,11 +167,11 @@ def _fuse_layer_ops(model: nn.Module) -> int:
 
 
 def fuse(model: nn.Module) -> int:
-    """Replaces the decoder layers' projections and the LM head of `model` (on CPU, float32 or
-    bfloat16) as above; returns how many attention and MLP blocks it fused (0: the model is left as
-    it was). Tests run it on transformers' own model to compare the
-    engine's logits with those of the same projections."""
-    if not _packs(model.dtype) or model.device.type != "cpu":
+    """Replaces the decoder layers' projections and the LM head of `model` (where its platform fuses)
+    as above; returns how many attention and MLP blocks it fused (0: the model is left as it was).
+    Tests run it on transformers' own model to compare the engine's logits with those of the same
+    projections."""
+    if not platforms.of(model.device).fuses_projections(model.dtype):
         return 0
     fused = 0
     for name, block in list(model.named_modules()):
@@ -206,16 +182,16 @@ def fuse(model: nn.Module) -> int:
         linears = [getattr(block, n, None) for n in grouped]
         if not all(type(m) is nn.Linear and m.in_features == linears[0].in_features for m in linears):
             continue  # another layout (e.g. GPT-2's c_attn): left as it is
-        group = _Group(linears)
+        group = _Group(f"{name}.{'_'.join(grouped)}", linears)
         for i, n in enumerate(grouped):
             setattr(block, n, GroupMember(linears[i], group, i))
         for n in single:
             if type(getattr(block, n, None)) is nn.Linear:
-                setattr(block, n, PackedLinear(getattr(block, n)))
+                setattr(block, n, PackedLinear(f"{name}.{n}", getattr(block, n)))
         fused += 1
     head = model.get_output_embeddings()
     if fused and type(head) is nn.Linear:
-        model.set_output_embeddings(PackedLinear(head, keep_weight=True))
+        model.set_output_embeddings(PackedLinear("lm_head", head, keep_weight=True))
     if fused:
         _fuse_layer_ops(model)
     return fused

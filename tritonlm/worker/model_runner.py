@@ -7,9 +7,12 @@ A step feeds each sequence's new tokens (`step_inputs` packs them: a decoding se
 pending token and any proposals, a prefilling one a chunk of its prompt) and returns, per sequence,
 the logits of its last few new tokens (one to sample from; 1 + proposals to verify them) and, for
 prompt logits, those of all of them. A step whose tokens include embedding rows
-(`Request.prompt_embeds`) calls the model with `inputs_embeds`; any other with `input_ids`. A Llama
-model fused for the CPU runs a step without LoRA adapters through its `LlamaStack` (the same
-modules and weights, without transformers' module calls); any other step through the model."""
+(`Request.prompt_embeds`) calls the model with `inputs_embeds`; any other with `input_ids`.
+
+Three seams meet here: the platform (`tritonlm/platforms`: device, dtype `auto`, memory), the linear
+methods that hold the projections (`worker/linear`, through `worker/fused.py`) and the model paths
+(`worker/model_paths`): a step runs on the model's fast path (`model_path`) when it has one that runs
+the step, else through transformers' modules."""
 
 from __future__ import annotations
 
@@ -19,26 +22,15 @@ from dataclasses import dataclass, field
 import torch
 from transformers import AutoConfig
 
+from tritonlm import platforms
 from tritonlm.config import EngineConfig
 from tritonlm.engine.scheduler import SchedulerOutput
-from tritonlm.lora.layers import LoraLayers
 from tritonlm.multimodal.encoder import language_model_class
-from tritonlm.worker import attention, fused, step_inputs
+from tritonlm.worker import attention, fused, model_paths, step_inputs
 from tritonlm.worker.attention.base import LayerShape
-from tritonlm.worker.llama_stack import LlamaStack
+from tritonlm.worker.model_paths.generic import TransformersPath
 
 log = logging.getLogger(__name__)
-
-
-def available_cpu_memory() -> int:
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 << 30
 
 
 @dataclass
@@ -59,7 +51,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig):
         config = config.resolved()
         checkpoint = AutoConfig.from_pretrained(config.model_dir)
-        self.device = config.torch_device()
+        self.platform = platforms.resolve(config.device)
+        self.device = self.platform.device
         self.dtype = config.torch_dtype(self.device, getattr(checkpoint, "dtype", None))
         backend = attention.choose(config.attention_backend, self.device)
         self.attention = backend(config.block_size, self.dtype, self.device)
@@ -72,30 +65,29 @@ class ModelRunner:
         )
         self.model.eval()
         # Before the LoRA hooks go on the projections that replace them.
-        self.stack: LlamaStack | None = None
         if config.fuse_projections and fused.fuse(self.model):
             self.attention.on_fused_projections()
-            self.stack = LlamaStack.of(self.model, self.attention)
-        self.lora = LoraLayers(self.model)  # adapters' hooks, installed when one first runs
+        self.generic = TransformersPath(self.model, self.device)
+        self.lora = self.generic.lora
+        self.fast_path = model_paths.fast_path(config.model_path, self.model, self.attention, self.platform)
         self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self.hidden_size = self.model.get_input_embeddings().weight.shape[1]
 
         shapes = self._probe_shapes()
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-        else:
-            free = available_cpu_memory()
         # The resolved settings: max_seq_len and kv_cache_blocks are now concrete numbers.
-        self.config = config.kv_cache_size(self.attention.bytes_per_block(shapes), self.device.type, free)
+        self.config = config.kv_cache_size(
+            self.attention.bytes_per_block(shapes), self.platform.name, self.platform.free_memory()
+        )
         self.attention.allocate(
             self.config.kv_cache_blocks, shapes, self.config.max_num_seqs, self.config.max_seq_len
         )
         log.info(
-            "engine settings: %s (device %s, dtype %s, attention %s, KV cache %.1f MiB)",
+            "engine settings: %s (device %s, dtype %s, attention %s, model path %s, KV cache %.1f MiB)",
             self.config.describe(),
-            self.device,
+            self.platform.describe(),
             self.dtype,
             self.attention.name,
+            self.fast_path.name if self.fast_path else self.generic.name,
             self.attention.memory_bytes() / 2**20,
         )
 
@@ -126,15 +118,14 @@ class ModelRunner:
         keep, spans, all_rows = _logits_rows(step.order, num_new, work.num_logits, work.prompt_logits)
 
         adapters = [seqs[i].request.lora for i in step.order]
-        ids = step.input_ids.to(self.device)
+        ids = self.platform.to_device(step.input_ids)
         embeds = self._embed(ids, step.embed_at, step.embed_rows) if step.embed_at else None
-        positions = step.position_ids.to(self.device)
+        positions = self.platform.to_device(step.position_ids)
+        path = self.fast_path
+        if path is None or (not path.runs_lora and any(adapters)):
+            path = self.generic
         with self.attention.step(metadata):
-            if self.stack is not None and not any(adapters):
-                logits = self.stack(ids, embeds, positions, torch.tensor(keep, dtype=torch.long))
-            else:
-                rows = [num_new[i] for i in step.order]
-                logits = self._model_logits(ids, embeds, positions, keep, adapters, rows)
+            logits = path(ids, embeds, positions, keep, adapters, [num_new[i] for i in step.order])
         # The sampled rows, in the order of `seqs` (the batch was packed decodes first).
         select: list[int] = []
         offsets = [0]
@@ -148,31 +139,6 @@ class ModelRunner:
         else:
             logits_sampled = logits
         return ModelOutput(logits_sampled, {i: logits[a:b] for i, (a, b) in all_rows.items()}, offsets)
-
-    def _model_logits(
-        self,
-        ids: torch.Tensor,
-        embeds: torch.Tensor | None,
-        positions: torch.Tensor,
-        keep: list[int],
-        adapters: list[object],
-        rows: list[int],
-    ) -> torch.Tensor:
-        """The logits of packed tokens `keep`, through the model (transformers' modules, with the
-        LoRA hooks adding packed sequence i's adapter to its `rows[i]` tokens)."""
-        lora = self.lora.step(adapters, rows, self.device)
-        inputs = {"input_ids": ids[None]} if embeds is None else {"inputs_embeds": embeds[None]}
-        with lora:
-            out = self.model(
-                **inputs,
-                position_ids=positions[None],
-                use_cache=False,
-                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
-            )
-        logits = out.logits[0]
-        if logits.shape[0] != len(keep):  # a model that ignores logits_to_keep (e.g. Qwen2Audio)
-            logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
-        return logits
 
     def _embed(self, ids: torch.Tensor, at: list[int], rows: list[torch.Tensor]) -> torch.Tensor:
         """The model's input embeddings of `ids` [tokens], with `rows` at packed indices `at`."""

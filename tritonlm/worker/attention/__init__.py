@@ -27,8 +27,11 @@ def backend_class(name: str) -> type[AttentionBackend]:
 
 
 def available_backends(device: torch.device) -> list[str]:
-    """The backends that run on `device`, best first."""
-    return [name for name in BACKENDS if backend_class(name).available(device)]
+    """The backends that run on `device`: its platform's, best first, those that run in this build."""
+    from tritonlm import platforms
+
+    names = platforms.of(device).attention_backends
+    return [name for name in names if backend_class(name).available(device)]
 
 
 def choose(name: str, device: torch.device) -> type[AttentionBackend]:
@@ -36,7 +39,10 @@ def choose(name: str, device: torch.device) -> type[AttentionBackend]:
     available = available_backends(device)
     if name == AUTO and available:
         best = available[0]
-        for better in list(BACKENDS)[: list(BACKENDS).index(best)]:  # why each better one does not run
+        from tritonlm import platforms
+
+        ranked = platforms.of(device).attention_backends
+        for better in ranked[: ranked.index(best)]:  # why each better one does not run
             why = backend_class(better).unavailable(device)
             log.info("attention_backend auto: %s, not %s (%s)", best, better, why)
         return backend_class(best)

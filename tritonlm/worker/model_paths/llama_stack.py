@@ -1,5 +1,5 @@
-"""A Llama decoder stack run straight over its fused modules (CPU, `fuse_projections`): the model's
-forward without transformers' module calls.
+"""`llama_stack`: the CPU fast path of Llama (`LlamaForCausalLM`): its decoder stack run straight over
+its fused modules (`fuse_projections`), the model's forward without transformers' module calls.
 
 Through transformers' modules a decoder layer is about 120 operator calls (views, transposes,
 rotate_half's slices and cat, hooks, keyword plumbing); in a CPU decode step of a small model they
@@ -9,29 +9,32 @@ cost as much as a fifth of the step, more while serving shares the cores. Here a
     → o projection → residual add + RMSNorm → gate/up projection → SiLU-and-mul
     → down projection → residual add + RMSNorm (the next layer's input norm, or the final one)
 
-on the same modules and weights: `fused`'s packed projections, the backend's `forward` (the seam is
-unchanged: it writes the layer's keys and values and attends), and the C++ kernels (`rotary`,
-`add_rms_norm`, `silu_and_mul`), which round where transformers rounds, so the logits are those of
-the module path bitwise (tests/test_llama_stack.py). The final norm and the LM head run on the rows
-whose logits are kept only.
+on the same modules and weights: `fused`'s projections (by their linear methods), the backend's
+`forward` (the seam is unchanged: it writes the layer's keys and values and attends), and the C++
+kernels (`rotary`, `add_rms_norm`, `silu_and_mul`), which round where transformers rounds, so the
+logits are those of the module path bitwise (tests/test_llama_stack.py). The final norm and the LM
+head run on the rows whose logits are kept only.
 
-`LlamaStack.of` builds one only for a model that is Llama's exactly: the forwards of its classes are
-Llama's by source (`fused.same_forward`), every projection and norm was fused and the kernels run
-here. Anything else (Qwen2, Gemma, GPT-2, a CPU without AVX-512) runs through transformers. The
-runner uses it for steps without LoRA adapters, whose hooks sit on the projection modules this path
-does not call.
+`LlamaStack.build` builds one only for a model that is Llama's exactly: the forwards of its classes
+are Llama's by source (`fused.same_forward`), every projection and norm was fused and the kernels run
+here; otherwise it says why, and the model runs through transformers (`generic.py`). The runner uses
+it for steps without LoRA adapters, whose hooks sit on the projection modules this path does not call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers.models.llama import modeling_llama as llama
 
+from tritonlm.platforms.base import Platform
 from tritonlm.worker import cpu_kernels, fused
 from tritonlm.worker.attention.base import AttentionBackend
+from tritonlm.worker.linear import Projection
+from tritonlm.worker.model_paths.base import ModelPath
 
 
 @dataclass
@@ -47,18 +50,18 @@ class _Layer:
     heads: int
     kv_heads: int
     head_dim: int
-    qkv: fused.Matmul
-    o: fused.Matmul
+    qkv: Projection
+    o: Projection
     post_attention_norm: _Norm
-    gate_up: fused.Matmul
-    down: fused.Matmul
+    gate_up: Projection
+    down: Projection
 
 
 def _norm(module: nn.Module) -> _Norm | None:
     return _Norm(module.weight, module.variance_epsilon) if isinstance(module, fused.FusedRMSNorm) else None
 
 
-def _group(members: list[nn.Module]) -> fused.Matmul | None:
+def _group(members: list[nn.Module]) -> Projection | None:
     """The one matrix multiply of `members`, when they are a fused group's members in order."""
     if not all(isinstance(m, fused.GroupMember) for m in members):
         return None
@@ -66,7 +69,7 @@ def _group(members: list[nn.Module]) -> fused.Matmul | None:
     in_order = all(m.group is group and m.member == i for i, m in enumerate(members))
     if not in_order or len(group.spans) != len(members):
         return None
-    return group.matmul
+    return group.projection
 
 
 def _layer(layer: nn.Module) -> _Layer | None:
@@ -93,14 +96,16 @@ def _layer(layer: nn.Module) -> _Layer | None:
         attention.k_proj.out_features // dim,
         dim,
         qkv,
-        attention.o_proj.matmul,
+        attention.o_proj.projection,
         norm,
         gate_up,
-        mlp.down_proj.matmul,
+        mlp.down_proj.projection,
     )
 
 
-class LlamaStack:
+class LlamaStack(ModelPath):
+    name = "llama_stack"
+
     def __init__(
         self,
         model: nn.Module,
@@ -111,7 +116,7 @@ class LlamaStack:
     ) -> None:
         self.embed = model.model.embed_tokens
         self.rotary = model.model.rotary_emb
-        self.head = model.lm_head.matmul
+        self.head = model.lm_head.projection
         self.attention = attention
         self.layers = layers
         # The norm after each layer's MLP: the next layer's input norm, the final one after the last.
@@ -120,35 +125,38 @@ class LlamaStack:
         self.ops = cpu_kernels.kernels()
 
     @classmethod
-    def of(cls, model: nn.Module, attention: AttentionBackend) -> LlamaStack | None:
-        """The stack of `model` (fused by `fused.fuse`), or None when it is not exactly Llama's."""
-        if cpu_kernels.unavailable() is not None:
-            return None
+    def build(cls, model: nn.Module, attention: AttentionBackend, platform: Platform) -> ModelPath | str:
+        """The stack of `model` (fused by `fused.fuse`), or why it is not exactly Llama's fused."""
+        why = cpu_kernels.unavailable()
+        if why is not None:
+            return why
         if not (
             fused.same_forward(type(model), llama.LlamaForCausalLM)
             and fused.same_forward(type(model.model), llama.LlamaModel)
             and fused.same_forward(type(model.model.rotary_emb), llama.LlamaRotaryEmbedding)
             and type(model.model.embed_tokens) is nn.Embedding
-            and isinstance(model.lm_head, fused.PackedLinear)
         ):
-            return None
+            return f"{type(model).__name__} is not Llama's modules"
+        if not isinstance(model.lm_head, fused.PackedLinear):
+            return "its projections are not fused (fuse_projections)"
         layers = [_layer(layer) for layer in model.model.layers]
         norms = [_norm(layer.input_layernorm) for layer in model.model.layers]
         final = _norm(model.model.norm)
         if not layers or None in layers or None in norms or final is None:
-            return None
+            return "a layer is not Llama's fused layer"
         return cls(model, attention, layers, norms, final)
 
     def __call__(
         self,
-        input_ids: torch.Tensor | None,
+        input_ids: torch.Tensor,
         embeds: torch.Tensor | None,
         positions: torch.Tensor,
-        keep: torch.Tensor,
+        keep: list[int],
+        adapters: Sequence[object | None] = (),
+        rows: Sequence[int] = (),
     ) -> torch.Tensor:
-        """The logits [len(keep), vocab] of packed tokens `keep`, for `input_ids` [tokens] or their
-        `embeds` [tokens, hidden] (consumed: the residual stream is summed into it) at `positions`
-        [tokens], inside the attention backend's `step`."""
+        """`ModelPath.__call__`, for steps without adapters; `embeds` is consumed (the residual
+        stream is summed into it)."""
         residual = self.embed(input_ids) if embeds is None else embeds
         cos, sin = (t[0] for t in self.rotary(residual[None], positions[None]))
         x = torch.empty_like(residual)
@@ -158,8 +166,9 @@ class LlamaStack:
             out = self._attention(layer, x, cos, sin)
             self._add_norm(x, residual, out, layer.post_attention_norm)
             out = self._mlp(layer, x)
-            if i == last and keep.shape[0] != residual.shape[0]:  # only the kept rows go on
-                residual, out, x = residual[keep], out[keep], x[keep]
+            if i == last and len(keep) != residual.shape[0]:  # only the kept rows go on
+                kept = torch.tensor(keep, dtype=torch.long)
+                residual, out, x = residual[kept], out[kept], x[kept]
             self._add_norm(x, residual, out, self.next_norms[i])
         return self.head(x)
 

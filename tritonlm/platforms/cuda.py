@@ -1,0 +1,38 @@
+"""The CUDA platform: torch's CUDA kernels; a step's host tensors go up from pinned memory without
+blocking the host."""
+
+from __future__ import annotations
+
+import torch
+
+from tritonlm.platforms.base import Platform
+
+
+class CudaPlatform(Platform):
+    name = "cuda"
+    attention_backends = ("sdpa",)
+    kv_memory_fraction = 0.9
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        if not torch.cuda.is_available():
+            return "torch sees no CUDA device (a CPU build, or no GPU visible)"
+        return None
+
+    def default_dtype(self, checkpoint_dtype: torch.dtype | None) -> torch.dtype:
+        # The checkpoint's half precision when it has one; bf16 rather than fp32 otherwise.
+        return checkpoint_dtype if checkpoint_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+    def free_memory(self) -> int:
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return free
+
+    def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        # Pinned, the copy is asynchronous: the host goes on packing while it runs.
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def describe(self) -> str:
+        return f"{self.device} ({torch.cuda.get_device_name(self.device)})"

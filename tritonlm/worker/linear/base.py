@@ -1,0 +1,40 @@
+"""`LinearMethod`: how one projection's weights are stored and multiplied.
+
+A method turns a projection's weight and bias (as loaded, `[out, in]`) into a `Projection`, the
+callable `x -> x @ weightᵀ + bias` in whatever form the method keeps the weight (as loaded, pre-packed
+for oneDNN, quantized, …). The runner picks a method per projection at load time
+(`linear.choose`); the fused groups (`worker/fused.py`), the model fast paths and LoRA's hooks only
+ever call the projection, so any method composes with all of them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class Projection(ABC):
+    """`x [..., in] -> [..., out]` for a fixed weight, in the form its method keeps it."""
+
+    method: str = ""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        self.in_features, self.out_features = in_features, out_features
+
+    @abstractmethod
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class LinearMethod(ABC):
+    name: str = ""
+
+    @classmethod
+    @abstractmethod
+    def supports(cls, weight: torch.Tensor) -> str | None:
+        """Why this method cannot hold `weight` (its dtype, device, this build), or None."""
+
+    @classmethod
+    @abstractmethod
+    def prepare(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> Projection:
+        """The projection of `weight` `[out, in]` and `bias` `[out]` (detached; may be consumed)."""

@@ -1,0 +1,50 @@
+"""`transformers`: the model's own modules, for every architecture: attention through the backend
+transformers calls (`AttentionBackend.register`), LoRA through the projection hooks (`lora/layers.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from tritonlm.lora.layers import LoraLayers
+from tritonlm.platforms.base import Platform
+from tritonlm.worker.attention.base import AttentionBackend
+from tritonlm.worker.model_paths.base import ModelPath
+
+
+class TransformersPath(ModelPath):
+    name = "transformers"
+    runs_lora = True
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = device
+        self.lora = LoraLayers(model)  # adapters' hooks, installed when one first runs
+
+    @classmethod
+    def build(cls, model: nn.Module, attention: AttentionBackend, platform: Platform) -> ModelPath | str:
+        return cls(model, platform.device)
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        embeds: torch.Tensor | None,
+        positions: torch.Tensor,
+        keep: list[int],
+        adapters: Sequence[object | None],
+        rows: Sequence[int],
+    ) -> torch.Tensor:
+        inputs = {"input_ids": input_ids[None]} if embeds is None else {"inputs_embeds": embeds[None]}
+        with self.lora.step(adapters, rows, self.device):
+            out = self.model(
+                **inputs,
+                position_ids=positions[None],
+                use_cache=False,
+                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
+            )
+        logits = out.logits[0]
+        if logits.shape[0] != len(keep):  # a model that ignores logits_to_keep (e.g. Qwen2Audio)
+            logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
+        return logits
