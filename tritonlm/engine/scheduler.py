@@ -196,15 +196,14 @@ class Scheduler:
                 continue
             # Proposals never cost a preemption: without the free blocks for them, they go.
             n = fit_proposals(seq, 1, budget, partial(self.blocks.can_append, seq))
-            while not self.blocks.can_append(seq, n):
-                victim = self._newest_after(seq)
-                self._preempt(victim or seq, batch)
-                if victim is None:
-                    break
-            else:
-                self.blocks.append_slots(seq, n)
-                batch._add(seq, n)
-                budget -= n
+            fits, freed = self._preempt_for(seq, n, batch)
+            budget += freed
+            if not fits:  # nothing newer to give way: it waits itself
+                self._preempt(seq, batch)
+                continue
+            self.blocks.append_slots(seq, n)
+            batch._add(seq, n)
+            budget -= n
 
         # 2. Running sequences still feeding their prompt: the next chunk each, oldest first.
         for seq in [s for s in self.running if s.num_tokens - s.num_computed > 1]:
@@ -213,15 +212,13 @@ class Scheduler:
             if not seq.block_table:  # preempted for an older one in this loop
                 continue
             n = min(seq.num_tokens - seq.num_computed, budget)
-            while not self.blocks.can_append(seq, n):
-                victim = self._newest_after(seq)
-                if victim is None:  # take the part that fits in the free blocks
-                    room = (len(seq.block_table) + self.blocks.num_free) * bs - seq.num_computed
-                    n = max(min(n, room), 0)
-                    if not self.blocks.can_append(seq, n):  # a copy-on-write needs one more
-                        n = 0
-                    break
-                budget += self._preempt(victim, batch)
+            fits, freed = self._preempt_for(seq, n, batch)
+            budget += freed
+            if not fits:  # nothing newer to give way: take the part that fits in the free blocks
+                room = (len(seq.block_table) + self.blocks.num_free) * bs - seq.num_computed
+                n = max(min(n, room), 0)
+                if not self.blocks.can_append(seq, n):  # a copy-on-write needs one more
+                    n = 0
             if n > 0:
                 n = self._with_proposals(seq, n, budget)
                 self.blocks.append_slots(seq, n)
@@ -295,6 +292,18 @@ class Scheduler:
         running = self.running
         if self.waiting and running and all(s.status is Status.AWAITING_BEAMS for s in running):
             self.preempt(running[-1])
+
+    def _preempt_for(self, seq: Sequence, n: int, batch: SchedulerOutput) -> tuple[bool, int]:
+        """Preempts the newest running sequences admitted after `seq` until `n` more of its tokens fit
+        in the KV blocks. Returns whether they fit, and the tokens the preempted ones give back to
+        this step's budget."""
+        freed = 0
+        while not self.blocks.can_append(seq, n):
+            victim = self._newest_after(seq)
+            if victim is None:
+                return False, freed
+            freed += self._preempt(victim, batch)
+        return True, freed
 
     def _newest_after(self, seq: Sequence) -> Sequence | None:
         """The newest running sequence admitted after `seq`, if any."""
