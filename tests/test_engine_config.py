@@ -10,7 +10,8 @@ import httpx
 import pytest
 from conftest import running_servers
 
-from tritonlm import config, launcher
+import launcher
+from tritonlm import config
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.serving import pbtxt
 
