@@ -572,4 +572,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         supervisor.stop()
-

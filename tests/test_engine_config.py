@@ -78,7 +78,7 @@ def test_config_pbtxt_and_readme_table_come_from_the_fields():
     table = config.settings_table()
     assert "| `max_seq_len` |" in table and "| `enable_prefix_caching` | `true` |" in table
     settings_doc = pbtxt.SETTINGS_DOC.read_text()
-    drifted = pbtxt.with_settings_table(settings_doc).replace("| `block_size` | 16 |", "| x |")
+    drifted = pbtxt.with_settings_table(settings_doc).replace("| `block_size` | `16` |", "| x |")
     assert pbtxt.with_settings_table(drifted) != drifted
 
 
