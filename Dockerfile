@@ -26,6 +26,7 @@ RUN python3 -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.tom
 
 COPY tritonlm tritonlm
 COPY frontend frontend
+COPY launcher launcher
 COPY client client
 COPY model_repository model_repository
 COPY corpus corpus
@@ -50,4 +51,4 @@ EXPOSE 9000 8000 8001 8002
 # Serves what `make run` serves: SmolLM2-135M-Instruct, as `smollm2-135m-instruct`. Another model:
 # -e MODEL=tiny, or a checkpoint mounted and named: -v /path/to/model:/models/m -e MODEL_DIR=/models/m
 # deploy/kubernetes runs this image twice: `tritonserver` alone, and `python3 -m frontend`.
-CMD ["python3", "-m", "tritonlm.launcher"]
+CMD ["python3", "-m", "launcher"]

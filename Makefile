@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 .PHONY: run test setup model configs lint format clean bench soak fuzz
 
 run: setup
-	$(PY) -m tritonlm.launcher
+	$(PY) -m launcher
 
 # Memory over time under a mixed load (every API, streams, tools, structured output, embeddings,
 # media, bad input, 20% disconnects): RSS per process; fails on any failed request or when a process

@@ -46,10 +46,10 @@ from typing import Any
 import httpx
 import torch
 
+import launcher
 from client import load
 from client.load import Prompt, Result
 from client.usage import ServerUsage, machine_busy_seconds
-from tritonlm import launcher
 from tritonlm.tiny_model import count_parameters
 
 ROOT = launcher.ROOT

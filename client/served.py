@@ -10,8 +10,8 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import launcher
 from frontend.config import FrontendConfig
-from tritonlm import launcher
 
 
 def free_port() -> int:

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import httpx
 
+import launcher
 from client.served import supervised
 from client.soak_mix import KINDS, Target, failed
 from client.usage import rss_mib
-from tritonlm import launcher
+from launcher.processes import group_members
 from tritonlm.multimodal.architectures import media_kinds
-from tritonlm.processes import group_members
 
 
 def named_processes(supervisor: launcher.Supervisor) -> dict[str, int]:

@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
-from tritonlm.config import EngineConfig, _parse
+from tritonlm import settings
+from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.request import Request
 from tritonlm.sampling.params import SamplingParams
@@ -39,13 +40,13 @@ class Timings:
 
 def overrides(spec: str) -> dict[str, object]:
     """`name=value,…` → EngineConfig keyword arguments, parsed as the engine parses its parameters."""
-    types = {f.name: f.type for f in fields(EngineConfig)}
+    known = {d.name: d for d in settings.declared(EngineConfig)}
     values: dict[str, object] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         name, _, raw = item.partition("=")
-        if name not in types:
+        if name not in known:
             raise SystemExit(f"unknown engine setting {name!r}")
-        values[name] = _parse(name, types[name], raw, "--variants")
+        values[name] = known[name].parse(raw, "--variants")
     return values
 
 

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-from tritonlm.processes import group_members
+from launcher.processes import group_members
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 

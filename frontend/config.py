@@ -1,15 +1,14 @@
 """Every setting of the HTTP frontend (`python -m frontend`) and the launcher (`python -m
-tritonlm.launcher`), in one place: its environment variable, its command-line flag, its default,
-its type and what it means.
+launcher`), in one place: each is one `setting(...)` field below (its environment variable, its
+command-line flag, its default, its type, its check and what it does); tritonlm/settings.py reads,
+parses, checks and tabulates them, as it does the engine's.
 
 One rule for all: a flag given on the command line wins, then a non-empty environment variable,
 then the default. Booleans are spelled 1/true/yes/on or 0/false/no/off (any case); any other value,
-like any value of the wrong type, is a `ConfigError` (tritonlm.config's) naming the setting and
-where it came from.
+like any value of the wrong type, is a `ConfigError` naming the setting and where it came from.
 The launcher reads its settings here and passes them to its child processes in their environment;
-nothing else in the frontend or the launcher reads the environment. `docs/settings.md`'s table is
-generated from the fields (`python -m frontend.config --write-docs`, `make configs`), and a test
-fails when it drifts.
+nothing else in the frontend or the launcher reads the environment. `docs/settings.md`'s tables are
+generated from the fields (`make configs`), and a test fails when they drift.
 
 No torch here: the launcher imports this module.
 """
@@ -20,287 +19,266 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tritonlm.config import _FALSE as FALSE  # booleans are spelled as the engine's settings spell them
-from tritonlm.config import _TRUE as TRUE
-from tritonlm.config import ConfigError  # one error for every bad setting, the engine's included
+from tritonlm import settings
 from tritonlm.embedding import config as embedding_config
 from tritonlm.multimodal.limits import MediaLimits
 from tritonlm.serving.model_set import ModelSet, parse_model_dirs
+from tritonlm.settings import ConfigError, at_least, between, one_of, setting
 from tritonlm.text import chat_format
+
+__all__ = ["ConfigError", "FrontendConfig"]  # ConfigError: every config's one error, re-exported
 
 # 4M characters of prompt may take up to 4 bytes each in UTF-8, more when JSON-escaped: 32 MiB leaves
 # room for that and refuses anything bigger before it is parsed.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 LOG_FORMATS = ("text", "json")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-MEDIA_PREFIX = "MEDIA_"  # MediaLimits' fields: MEDIA_<NAME> and --media-<name>
+PORT = between(0, 65535, "a port number")
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
-DOCS_BEGIN, DOCS_END = "<!-- frontend-settings:begin -->", "<!-- frontend-settings:end -->"
-
-# What each media limit means (the limits and their defaults are tritonlm.multimodal.limits').
-MEDIA_HELP = {
-    "max_items": "media items (image, video, audio) per request",
-    "max_image_bytes": "bytes per image (TGI's POST /)",
-    "max_video_bytes": "bytes per video",
-    "max_audio_bytes": "bytes per audio clip (TGI's POST /)",
-    "max_chat_image_bytes": "bytes per image on the chat APIs (OpenAI, Databricks); unset, it follows "
-    "MEDIA_MAX_IMAGE_BYTES when that is set",
-    "max_chat_audio_bytes": "bytes per audio clip on the chat APIs; unset, it follows "
-    "MEDIA_MAX_AUDIO_BYTES when that is set",
-    "max_image_pixels": "pixels per decoded image",
-    "max_video_frames": "frames sampled per video, at most",
-    "video_frames": "frames sampled per video; 0: the checkpoint's video processor's count, else 32",
-    "max_audio_seconds": "seconds per audio clip",
-    "fetch_timeout_s": "seconds to fetch one http(s) media URL, redirects included",
-    "max_redirects": "redirects followed per media URL",
-}
-
-
-def _setting(
-    default: Any,
-    env: str,
-    flag: str,
-    meaning: str,
-    *,
-    shown: str = "",
-    flags: tuple[str, ...] = (),
-    choices: tuple[str, ...] = (),
-    sep: str = ",",
-) -> Any:
-    """A field with its names and what the docs say about it. `flags`: other spellings of the flag
-    still accepted; `choices`: the values allowed (lower-cased); `sep`: a tuple field's separator."""
-    metadata = {"env": env, "flags": (flag, *flags), "meaning": meaning, "shown": shown}
-    return field(default=default, metadata={**metadata, "choices": choices, "sep": sep})
+DOCS_MARKER = "frontend-settings"  # the table sits between <!-- frontend-settings:begin/end -->
 
 
 @dataclass(frozen=True)
 class FrontendConfig:
     # -- where things listen and what they reach ---------------------------------------------------
-    frontend_port: int = _setting(
-        9000, "FRONTEND_PORT", "--port", "the HTTP APIs' port", flags=("--frontend-port",)
+    frontend_port: int = setting(
+        9000,
+        "the HTTP APIs' port",
+        env="FRONTEND_PORT",
+        flag="--port",
+        flags=("--frontend-port",),
+        check=PORT,
     )
-    host: str = _setting("0.0.0.0", "FRONTEND_HOST", "--host", "the address the HTTP APIs listen on")
-    triton_http_port: int = _setting(
-        8000, "TRITON_HTTP_PORT", "--triton-http-port", "launcher: Triton's HTTP port"
+    host: str = setting("0.0.0.0", "the address the HTTP APIs listen on", env="FRONTEND_HOST", flag="--host")
+    triton_http_port: int = setting(
+        8000, "launcher: Triton's HTTP port", env="TRITON_HTTP_PORT", flag="--triton-http-port", check=PORT
     )
-    triton_grpc_port: int = _setting(
-        8001, "TRITON_GRPC_PORT", "--triton-grpc-port", "launcher: Triton's gRPC port"
+    triton_grpc_port: int = setting(
+        8001, "launcher: Triton's gRPC port", env="TRITON_GRPC_PORT", flag="--triton-grpc-port", check=PORT
     )
-    triton_metrics_port: int = _setting(
-        8002, "TRITON_METRICS_PORT", "--triton-metrics-port", "launcher: Triton's Prometheus metrics port"
+    triton_metrics_port: int = setting(
+        8002,
+        "launcher: Triton's Prometheus metrics port",
+        env="TRITON_METRICS_PORT",
+        flag="--triton-metrics-port",
+        check=PORT,
     )
-    triton_replicas: int = _setting(
+    triton_replicas: int = setting(
         1,
-        "TRITON_REPLICAS",
-        "--triton-replicas",
         "launcher: tritonservers to start (replica i on the Triton ports + 100·i) behind the one "
         "frontend, which routes across them",
+        env="TRITON_REPLICAS",
+        flag="--triton-replicas",
+        check=at_least(1, "a whole number >= 1"),
     )
-    triton_urls: str = _setting(
+    triton_urls: str = setting(
         "",
-        "TRITON_URLS",
-        "--triton-url",
         "Triton's gRPC address; several replicas: `host:port,host:port`, or `dns+NAME:PORT` for every "
         "address NAME resolves to (a headless Service), re-resolved each second",
-        shown="`localhost:` + the gRPC port",
+        env="TRITON_URLS",
+        flag="--triton-url",
         flags=("--triton-urls",),
+        shown="`localhost:` + the gRPC port",  # follows TRITON_GRPC_PORT
     )
-    triton_server_id: str = _setting(
+    triton_server_id: str = setting(
         "",
-        "TRITON_SERVER_ID",
-        "--triton-server-id",
         "the tritonserver's `--id` (comma-separated, one per replica): /health fails while another "
         "server answers (the launcher sets it)",
-        shown="none",
+        env="TRITON_SERVER_ID",
+        flag="--triton-server-id",
     )
     # -- the models ----------------------------------------------------------------------------------
-    model_dir: str = _setting(
+    model_dir: str = setting(
         "",
-        "MODEL_DIR",
-        "--model-dir",
         "the served checkpoint; its config.json says which media (image, video, audio) the chat and "
         "TGI routes accept, its chat template which tool and reasoning parsers fit",
-        shown="launcher: from `MODEL`; frontend: none (text-only)",
+        env="MODEL_DIR",
+        flag="--model-dir",
+        shown="launcher: from `MODEL`; frontend: none (text-only)",  # the launcher resolves MODEL
     )
-    model: str = _setting(
+    model: str = setting(
         "",
-        "MODEL",
-        "--model",
         "launcher, without MODEL_DIR: `tiny` for the tiny generated model, empty or `smollm2` for "
         "SmolLM2-135M-Instruct",
-        shown="`smollm2`",
+        env="MODEL",
+        flag="--model",
+        shown="`smollm2`",  # empty means the default model
     )
-    served_model_name: str = _setting(
+    served_model_name: str = setting(
         "",
-        "SERVED_MODEL_NAME",
-        "--model-name",
         "the model name the APIs report",
-        shown="MODEL_DIR's directory name, else `tritonlm`",
+        env="SERVED_MODEL_NAME",
+        flag="--model-name",
         flags=("--served-model-name",),
+        shown="MODEL_DIR's directory name, else `tritonlm`",
     )
-    model_dirs: tuple[str, ...] = _setting(
+    model_dirs: tuple[str, ...] = setting(
         (),
-        "MODEL_DIRS",
-        "--model-dirs",
         "several generative models in one server: comma-separated `[NAME=]PATH` (the name defaults to "
-        "the directory's); the first is the default model, each a `model` of every API",
-        shown="none: MODEL_DIR alone",
+        "the directory's); the first is the default model, each a `model` of every API; unset, "
+        "MODEL_DIR alone",
+        env="MODEL_DIRS",
+        flag="--model-dirs",
     )
-    model_kv_shares: tuple[str, ...] = _setting(
+    model_kv_shares: tuple[str, ...] = setting(
         (),
-        "MODEL_KV_SHARES",
-        "--model-kv-shares",
         "launcher, with MODEL_DIRS: comma-separated `NAME=FRACTION`, a model's share of the KV-cache "
         "memory; the models not named split the rest evenly",
+        env="MODEL_KV_SHARES",
+        flag="--model-kv-shares",
         shown="an even split",
     )
-    model_allowed_dirs: tuple[str, ...] = _setting(
+    model_allowed_dirs: tuple[str, ...] = setting(
         (),
-        "MODEL_ALLOWED_DIRS",
-        "--model-allowed-dirs",
         f"directories (`{os.pathsep}`-separated) POST /v1/models/{{name}}/load may load checkpoints from "
         "(resolved: `..` and symlinks cannot leave them)",
+        env="MODEL_ALLOWED_DIRS",
+        flag="--model-allowed-dirs",
         shown="the parent directories of MODEL_DIRS (or MODEL_DIR)",
         sep=os.pathsep,
     )
-    model_repository: str = _setting(
+    model_repository: str = setting(
         "",
-        "MODEL_REPOSITORY",
-        "--model-repository",
         "the model repository tritonserver runs, where loading a model at run time writes it (the "
-        "launcher sets it)",
-        shown="none: loading models refused",
+        "launcher sets it); unset, loading models is refused",
+        env="MODEL_REPOSITORY",
+        flag="--model-repository",
     )
-    embed_model_dir: str = _setting(
+    embed_model_dir: str = setting(
         "",
-        "EMBED_MODEL_DIR",
-        "--embed-model-dir",
         "launcher: the embedding model (sentence-transformers or BERT-style directory)",
-        shown="the packaged all-MiniLM-L6-v2",
+        env="EMBED_MODEL_DIR",
+        flag="--embed-model-dir",
+        shown="the packaged all-MiniLM-L6-v2",  # found in the installed package at run time
     )
-    embed_model_name: str = _setting(
+    embed_model_name: str = setting(
         "",
-        "SERVED_EMBED_MODEL_NAME",
-        "--embed-model-name",
         "the embedding model's name in the APIs",
+        env="SERVED_EMBED_MODEL_NAME",
+        flag="--embed-model-name",
         shown=f"EMBED_MODEL_DIR's directory name, else `{embedding_config.DEFAULT_NAME}`",
     )
     # -- operations ----------------------------------------------------------------------------------
-    drain_seconds: float = _setting(
+    drain_seconds: float = setting(
         5.0,
-        "DRAIN_SECONDS",
-        "--drain-seconds",
         "on SIGTERM, stop accepting requests and let running ones finish for at most this long",
+        env="DRAIN_SECONDS",
+        flag="--drain-seconds",
+        check=at_least(0),
     )
-    api_keys: tuple[str, ...] = _setting(
+    api_keys: tuple[str, ...] = setting(
         (),
-        "API_KEY",
-        "--api-key",
         "comma-separated API keys; when set, every route but /health, /metrics and the API docs needs "
         "`Authorization: Bearer KEY` or `x-api-key: KEY`",
-        shown="none",
+        env="API_KEY",
+        flag="--api-key",
     )
-    admin_api_key: str = _setting(
+    admin_api_key: str = setting(
         "",
-        "ADMIN_API_KEY",
-        "--admin-api-key",
         "the key of the admin routes (loading LoRA adapters at run time), which exist only when it is "
         "set and need `Authorization: Bearer KEY`; API_KEY's keys do not open them, nor this key the "
         "other routes unless API_KEY lists it too",
-        shown="none: no admin routes",
+        env="ADMIN_API_KEY",
+        flag="--admin-api-key",
     )
-    lora_allowed_dirs: tuple[str, ...] = _setting(
+    lora_allowed_dirs: tuple[str, ...] = setting(
         (),
-        "LORA_ALLOWED_DIRS",
-        "--lora-allowed-dirs",
         f"directories (`{os.pathsep}`-separated) POST /v1/load_lora_adapter may load adapters from "
-        "(resolved: `..` and symlinks cannot leave them)",
-        shown="none: loading refused",
+        "(resolved: `..` and symlinks cannot leave them); unset, loading is refused",
+        env="LORA_ALLOWED_DIRS",
+        flag="--lora-allowed-dirs",
         sep=os.pathsep,
     )
-    ssl_certfile: str = _setting(
-        "", "SSL_CERTFILE", "--ssl-certfile", "PEM certificate (chain): serve HTTPS", shown="none"
+    ssl_certfile: str = setting(
+        "", "PEM certificate (chain): serve HTTPS", env="SSL_CERTFILE", flag="--ssl-certfile"
     )
-    ssl_keyfile: str = _setting(
-        "", "SSL_KEYFILE", "--ssl-keyfile", "PEM private key of SSL_CERTFILE", shown="none"
-    )
-    ssl_ca_certs: str = _setting(
+    ssl_keyfile: str = setting("", "PEM private key of SSL_CERTFILE", env="SSL_KEYFILE", flag="--ssl-keyfile")
+    ssl_ca_certs: str = setting(
         "",
-        "SSL_CA_CERTS",
-        "--ssl-ca-certs",
         "PEM CA bundle: require client certificates signed by it (mutual TLS)",
-        shown="none",
+        env="SSL_CA_CERTS",
+        flag="--ssl-ca-certs",
     )
-    max_body_bytes: int = _setting(
+    max_body_bytes: int = setting(
         DEFAULT_MAX_BODY_BYTES,
-        "MAX_REQUEST_BODY_BYTES",
-        "--max-request-body-bytes",
         "largest request body accepted, else 413",
+        env="MAX_REQUEST_BODY_BYTES",
+        flag="--max-request-body-bytes",
+        check=at_least(1, "at least 1"),
     )
-    log_format: str = _setting(
-        "text", "LOG_FORMAT", "--log-format", "`json`: one JSON object per log line", choices=LOG_FORMATS
+    log_format: str = setting(
+        "text",
+        "`json`: one JSON object per log line",
+        env="LOG_FORMAT",
+        flag="--log-format",
+        check=one_of(*LOG_FORMATS),
     )
-    log_level: str = _setting(
-        "info", "FRONTEND_LOG_LEVEL", "--log-level", "the frontend's log level", choices=LOG_LEVELS
+    log_level: str = setting(
+        "info",
+        "the frontend's log level",
+        env="FRONTEND_LOG_LEVEL",
+        flag="--log-level",
+        check=one_of(*LOG_LEVELS),
     )
     # -- the APIs' behaviour -------------------------------------------------------------------------
-    stream_full_text: bool = _setting(
+    stream_full_text: bool = setting(
         False,
-        "TRITONLM_STREAM_FULL_TEXT",
-        "--stream-full-text",
         "OpenAI streams send the text so far in each chunk (MindIE's fullTextEnabled), and "
         "`full_text` on the last",
+        env="TRITONLM_STREAM_FULL_TEXT",
+        flag="--stream-full-text",
     )
-    tool_parser: str = _setting(
+    tool_parser: str = setting(
         "",
-        "TRITONLM_TOOL_PARSER",
-        "--tool-parser",
         "how the model writes tool calls: `hermes`, `llama3_json` or `deepseek`",
+        env="TRITONLM_TOOL_PARSER",
+        flag="--tool-parser",
         shown="from each model's chat template, else `hermes`",
     )
-    reasoning_parser: str = _setting(
+    reasoning_parser: str = setting(
         "",
-        "TRITONLM_REASONING_PARSER",
-        "--reasoning-parser",
         "`think` (`<think>` blocks become reasoning_content) or `none`",
+        env="TRITONLM_REASONING_PARSER",
+        flag="--reasoning-parser",
         shown="from each model's chat template, else `think`",
     )
-    tools_in_prompt: bool | None = _setting(
+    tools_in_prompt: bool | None = setting(
         None,
-        "TRITONLM_TOOLS_IN_PROMPT",
-        "--tools-in-prompt",
         "the chat template knows no tools: they are written into the prompt in Hermes' format, and "
         "tool_choice auto replies are held to valid `<tool_call>` blocks",
+        env="TRITONLM_TOOLS_IN_PROMPT",
+        flag="--tools-in-prompt",
         shown="whether each model's chat template knows no tools, else false",
     )
-    responses_store_size: int = _setting(
+    responses_store_size: int = setting(
         1000,
-        "RESPONSES_STORE_SIZE",
-        "--responses-store-size",
         "stored responses the OpenAI Responses API keeps in memory (`store`, `previous_response_id`); "
         "when full, the least recently created is evicted; 0: none stored",
+        env="RESPONSES_STORE_SIZE",
+        flag="--responses-store-size",
+        check=at_least(0),
     )
     # -- media -----------------------------------------------------------------------------------------
-    allowed_local_media_paths: tuple[str, ...] = _setting(
+    allowed_local_media_paths: tuple[str, ...] = setting(
         (),
-        "ALLOWED_LOCAL_MEDIA_PATH",
-        "--allowed-local-media-path",
-        f"directories (`{os.pathsep}`-separated) local media paths and file:// URLs may come from",
-        shown="none: local paths refused",
+        f"directories (`{os.pathsep}`-separated) local media paths and file:// URLs may come from; "
+        "unset, local paths are refused",
+        env="ALLOWED_LOCAL_MEDIA_PATH",
+        flag="--allowed-local-media-path",
         sep=os.pathsep,
     )
-    allowed_media_domains: tuple[str, ...] = _setting(
+    allowed_media_domains: tuple[str, ...] = setting(
         (),
-        "ALLOWED_MEDIA_DOMAINS",
-        "--allowed-media-domains",
         "comma-separated hosts http(s) media may come from",
-        shown="any",
+        env="ALLOWED_MEDIA_DOMAINS",
+        flag="--allowed-media-domains",
+        shown="any",  # unset means no restriction, not none allowed
     )
-    media_limits: MediaLimits = field(default_factory=MediaLimits)  # MEDIA_<NAME>, --media-<name>
+    media_limits: MediaLimits = field(default_factory=MediaLimits)  # its own settings: MEDIA_*
 
     def __post_init__(self) -> None:
         self._check()
@@ -316,22 +294,9 @@ class FrontendConfig:
     def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> FrontendConfig:
         """From flags parsed by a parser `add_arguments` filled (a flag not given is absent from
         `args`), else `env` (default: this process's environment), else the defaults."""
-        env = os.environ if env is None else env
-        given = vars(args)
-        values: dict[str, Any] = {}
-        for f in _settings():
-            raw, source = _lookup(f.name, f.metadata["env"], given, env)
-            if source:
-                values[f.name] = _parse(f, raw, source)
-        media: dict[str, str] = {}
-        for f in fields(MediaLimits):
-            name, _ = _media_names(f)
-            raw, source = _lookup(name, name, given, env)
-            if source:
-                _parse(f, raw, source)  # the type, named; MediaLimits builds the values
-                media[name] = raw
-        values["media_limits"] = MediaLimits.from_env(media)
-        return cls(**values)
+        sources = [settings.flags(vars(args)), settings.environment(os.environ if env is None else env)]
+        media = MediaLimits.from_values(settings.read(MediaLimits, sources))
+        return cls(**settings.read(cls, sources), media_limits=media)
 
     @classmethod
     def parser(cls, **kwargs: Any) -> argparse.ArgumentParser:
@@ -344,19 +309,13 @@ class FrontendConfig:
         """Every setting's flag; one not given stays absent (argparse.SUPPRESS), so the environment
         and the defaults can fill it."""
         group = parser.add_argument_group("settings (a flag wins over its environment variable)")
-        for f in _settings():
-            extra: dict[str, Any] = {"metavar": f.metadata["env"]}
-            if _kind(f) == "bool":  # `--flag` alone means true
+        for d in _declared():
+            extra: dict[str, Any] = {"metavar": d.env}
+            if d.kind == "bool":  # `--flag` alone means true
                 extra = {"nargs": "?", "const": "true", "metavar": "BOOL"}
-            help_text = f"{f.metadata['meaning']} [env {f.metadata['env']}]".replace("%", "%%")
-            group.add_argument(
-                *f.metadata["flags"], dest=f.name, default=argparse.SUPPRESS, help=help_text, **extra
-            )
-        for f in fields(MediaLimits):
-            name, flag = _media_names(f)
-            group.add_argument(
-                flag, dest=name, metavar=name, default=argparse.SUPPRESS, help=MEDIA_HELP[f.name]
-            )
+            help_text = f"{d.spec.help} [env {d.env}]".replace("%", "%%")
+            # dest: the environment variable, unique across FrontendConfig and MediaLimits
+            group.add_argument(*d.spec.flags, dest=d.env, default=argparse.SUPPRESS, help=help_text, **extra)
 
     # -- derived values --------------------------------------------------------------------------
     @property
@@ -410,38 +369,17 @@ class FrontendConfig:
         """Every setting as the environment variables that say it: what the launcher passes to its
         child processes, which read the same values back."""
         env = {}
-        for f in _settings():
-            value = getattr(self, f.name)
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                value = "true" if value else "false"
-            elif isinstance(value, tuple):
-                value = f.metadata["sep"].join(value)
-            env[f.metadata["env"]] = str(value)
-        for f in fields(MediaLimits):
-            env[_media_names(f)[0]] = str(getattr(self.media_limits, f.name))
+        for config in (self, self.media_limits):
+            for d in settings.declared(type(config)):
+                value = getattr(config, d.name)
+                if value is not None:
+                    env[d.env] = d.text(value)
         return env
 
     # -- checks ----------------------------------------------------------------------------------
     def _check(self) -> None:
-        def need(ok: bool, name: str, allowed: str) -> None:
-            if not ok:
-                raise ConfigError(f"{_names(name)}: must be {allowed}, got {getattr(self, name)!r}")
-
-        for name in ("frontend_port", "triton_http_port", "triton_grpc_port", "triton_metrics_port"):
-            need(0 <= getattr(self, name) <= 65535, name, "a port number")
-        need(self.triton_replicas >= 1, "triton_replicas", "a whole number >= 1")
-        need(self.drain_seconds >= 0, "drain_seconds", ">= 0")
-        need(self.max_body_bytes >= 1, "max_body_bytes", "at least 1")
-        need(self.responses_store_size >= 0, "responses_store_size", ">= 0")
-        for f in _settings():
-            if f.metadata["choices"]:
-                need(
-                    getattr(self, f.name) in f.metadata["choices"],
-                    f.name,
-                    f"one of {', '.join(f.metadata['choices'])}",
-                )
+        """Each field's own check, then the rules between fields."""
+        settings.check(self)
         self.served_models()  # MODEL_DIRS' entries and names, checked once here
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ConfigError("SSL_CERTFILE and SSL_KEYFILE must be set together")
@@ -450,89 +388,25 @@ class FrontendConfig:
         for name in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
             path = getattr(self, name)
             if path and not os.path.isfile(path):
-                raise ConfigError(f"{_names(name)}: no such file: {path}")
+                raise ConfigError(f"{settings.find(FrontendConfig, name).label}: no such file: {path}")
 
     # -- docs ------------------------------------------------------------------------------------
     @staticmethod
     def settings_table() -> str:
-        """docs/settings.md's table (Markdown), generated from the fields."""
-        rows = ["| Environment | Flag | Default | Meaning |", "|---|---|---|---|"]
-        for f in _settings():
-            env, flag = f.metadata["env"], f.metadata["flags"][0]
-            default = f.metadata["shown"] or _shown(f.default)
-            rows.append(f"| `{env}` | `{flag}` | {default} | {f.metadata['meaning']} |")
-        for f in fields(MediaLimits):
-            name, flag = _media_names(f)
-            rows.append(f"| `{name}` | `{flag}` | {_shown(f.default)} | {MEDIA_HELP[f.name]} |")
-        return "\n".join(rows) + "\n"
+        """docs/settings.md's table (Markdown), generated from the fields and the media limits'."""
+        names = [("Environment", lambda d: f"`{d.env}`"), ("Flag", lambda d: f"`{d.flag}`")]
+        return settings.table([FrontendConfig, MediaLimits], names)
 
 
-def _settings() -> tuple[Any, ...]:
-    """The fields read from one flag and one environment variable each (not media_limits)."""
-    return tuple(f for f in fields(FrontendConfig) if "env" in f.metadata)
-
-
-def _media_names(f: Any) -> tuple[str, str]:
-    """A media limit's environment variable and flag: MEDIA_MAX_ITEMS, --media-max-items."""
-    name = MEDIA_PREFIX + f.name.upper()
-    return name, "--" + name.lower().replace("_", "-")
-
-
-def _names(name: str) -> str:
-    f = next(f for f in _settings() if f.name == name)
-    return f"{f.metadata['env']} ({f.metadata['flags'][0]})"
-
-
-def _shown(default: Any) -> str:
-    if isinstance(default, bool):
-        return f"`{str(default).lower()}`"
-    return f"`{default}`"
-
-
-def _kind(f: Any) -> str:
-    kind = f.type if isinstance(f.type, str) else f.type.__name__
-    return "bool" if kind.startswith("bool") else "tuple" if kind.startswith("tuple") else kind
-
-
-def _lookup(name: str, env_name: str, given: Mapping[str, Any], env: Mapping[str, str]) -> tuple[str, str]:
-    """The raw text of a setting and where it came from: its flag when given (even empty), else its
-    environment variable when non-empty; ("", "") when neither."""
-    if name in given:
-        return given[name], f"flag for {env_name}"
-    value = (env.get(env_name) or "").strip()
-    return (value, f"environment variable {env_name}") if value else ("", "")
-
-
-def _parse(f: Any, raw: str, source: str) -> Any:
-    kind = _kind(f)
-    raw = raw.strip()
-    if kind == "bool":
-        lowered = raw.lower()
-        if lowered not in TRUE + FALSE:
-            raise ConfigError(
-                f"{source} is {raw!r}: a boolean is one of {'/'.join(TRUE)} or {'/'.join(FALSE)}"
-            )
-        return lowered in TRUE
-    if kind in ("int", "float"):
-        try:
-            return int(raw) if kind == "int" else float(raw)
-        except ValueError:
-            raise ConfigError(
-                f"{source} is {raw!r}, not {'an integer' if kind == 'int' else 'a number'}"
-            ) from None
-    if kind == "tuple":
-        return tuple(item.strip() for item in raw.split(f.metadata["sep"]) if item.strip())
-    return raw.lower() if f.metadata.get("choices") else raw
+def _declared() -> tuple[settings.Declared, ...]:
+    """Every setting read here: FrontendConfig's own, then the media limits'."""
+    return settings.declared(FrontendConfig) + settings.declared(MediaLimits)
 
 
 def docs_with_table(text: str) -> str:
-    """`text` (docs/settings.md) with the block between DOCS_BEGIN and DOCS_END replaced by the
-    table; the block is appended when the file has none."""
-    block = f"{DOCS_BEGIN}\n{FrontendConfig.settings_table()}{DOCS_END}"
-    if DOCS_BEGIN in text and DOCS_END in text:
-        head, rest = text.split(DOCS_BEGIN, 1)
-        return head + block + rest.split(DOCS_END, 1)[1]
-    return text.rstrip("\n") + "\n\n" + block + "\n"
+    """`text` (docs/settings.md) with the frontend's table written between its markers (appended
+    with them when the file has none)."""
+    return settings.with_block(text, DOCS_MARKER, FrontendConfig.settings_table())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,7 +17,7 @@ from unittest import mock
 
 import pytest
 
-from tritonlm import launcher
+import launcher
 
 # The engine's waiting-queue bound for the test servers (TRITONLM_MAX_QUEUE_SIZE), small so that the
 # overload test fills it quickly; still above any burst the other tests send.

@@ -17,8 +17,9 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
+import launcher
 from frontend.config import FrontendConfig
-from tritonlm import launcher, setup, smollm2
+from tritonlm import setup, smollm2
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -97,7 +98,7 @@ def test_the_image_serves_what_make_run_serves():
     (run,) = [run for run in arguments("RUN") if setup_command(run) is not None]
     models = setup.parser().parse_args(setup_command(run)).models
     assert setup.DEFAULT_MODEL in models and set(models) <= set(setup.MODELS)
-    assert arguments("CMD") == ['["python3", "-m", "tritonlm.launcher"]']
+    assert arguments("CMD") == ['["python3", "-m", "launcher"]']
 
 
 def _model_files() -> dict[Path, int]:
@@ -154,7 +155,7 @@ def test_kubernetes_serves_the_image_default_model_on_its_ports():
     (writer,) = yaml.safe_load((BASE / "triton-deployment.yaml").read_text())["spec"]["template"]["spec"][
         "initContainers"
     ]
-    assert writer["command"][:4] == ["python3", "-m", "tritonlm.launcher", "--write-repository"]
+    assert writer["command"][:4] == ["python3", "-m", "launcher", "--write-repository"]
     assert flags["model-repository"] == writer["command"][4] and writer["env"] == triton["env"]
     assert {"model-control-mode": "explicit", "load-model": "*"}.items() <= flags.items()
     command = frontend["command"]

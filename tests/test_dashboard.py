@@ -19,7 +19,7 @@ import pytest
 import yaml
 from conftest import free_port
 
-from tritonlm import launcher
+import launcher
 
 MONITORING = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "monitoring"
 DASHBOARD = MONITORING / "grafana-dashboard.json"

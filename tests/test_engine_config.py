@@ -10,7 +10,8 @@ import httpx
 import pytest
 from conftest import running_servers
 
-from tritonlm import config, launcher
+import launcher
+from tritonlm import config
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.serving import pbtxt
 
@@ -77,7 +78,7 @@ def test_config_pbtxt_and_readme_table_come_from_the_fields():
     table = config.settings_table()
     assert "| `max_seq_len` |" in table and "| `enable_prefix_caching` | `true` |" in table
     settings_doc = pbtxt.SETTINGS_DOC.read_text()
-    drifted = pbtxt.with_settings_table(settings_doc).replace("| `block_size` | 16 |", "| x |")
+    drifted = pbtxt.with_settings_table(settings_doc).replace("| `block_size` | `16` |", "| x |")
     assert pbtxt.with_settings_table(drifted) != drifted
 
 

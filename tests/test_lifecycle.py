@@ -1,7 +1,7 @@
 """The launcher's process lifecycle (issue 13): nothing outlives it, busy ports are refused at once,
 a crashed tritonserver is restarted while the frontend answers 503, shutdown is bounded.
 
-The end-to-end tests run the real `python -m tritonlm.launcher` (what `make run` runs) on free ports
+The end-to-end tests run the real `python -m launcher` (what `make run` runs) on free ports
 with the tiny model, and look at what is left with /proc."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+import launcher
+from launcher import processes
 from tests.conftest import free_port
-from tritonlm import launcher, processes
 
 
 def children(pid: int) -> list[int]:
@@ -59,7 +60,7 @@ class Launched:
         self.env = env
         self.log = log
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tritonlm.launcher"],
+            [sys.executable, "-m", "launcher"],
             cwd=launcher.ROOT,
             env=env,
             stdout=open(log, "wb"),  # noqa: SIM115
@@ -153,7 +154,7 @@ def test_launcher_refuses_a_busy_port_at_once(model_dir: Path, tmp_path: Path) -
         env.update(TRITON_METRICS_PORT=str(free_port()))
         started = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "tritonlm.launcher"], cwd=launcher.ROOT, env=env,
+            [sys.executable, "-m", "launcher"], cwd=launcher.ROOT, env=env,
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     assert done.returncode == 1

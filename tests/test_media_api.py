@@ -20,7 +20,7 @@ import pytest
 from conftest import free_port
 from PIL import Image
 
-from tritonlm import launcher
+import launcher
 
 SECRET = b"TOPSECRET-file-content"
 # Small enough that a test's data URL goes over it; the chat APIs follow MEDIA_MAX_IMAGE_BYTES.

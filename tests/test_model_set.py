@@ -69,7 +69,7 @@ def test_the_repository_points_each_model_at_its_checkpoint(tmp_path: Path) -> N
 
 def test_the_launcher_writes_the_repository_alone_for_a_kubernetes_pod(tmp_path: Path) -> None:
     """`--write-repository` (the Triton pods' init container) writes what `make run` would serve."""
-    from tritonlm import launcher
+    import launcher
 
     tiny = launcher.resolve_model_dir(FrontendConfig.load(env={"MODEL": "tiny"}))
     env = {"MODEL_DIRS": f"first={tiny},second={tiny}"}

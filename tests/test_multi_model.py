@@ -19,8 +19,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import launcher
 from tests.conftest import Servers, running_servers
-from tritonlm import launcher, smollm2
+from tritonlm import smollm2
 
 ADMIN_KEY = "admin-secret"
 API_KEY = "user-key"

@@ -22,10 +22,10 @@ import pytest
 from conftest import Servers, free_port
 
 import frontend.engine_client.triton as triton_module
+import launcher
 from frontend.engine_client.triton import TritonClient
 from frontend.errors import APIError
 from frontend.ops.context import RequestRecord, close_record, open_record
-from tritonlm import launcher
 
 KEY = "sk-test-0123456789"
 COMPLETION = {"model": "tiny", "prompt": "Hello", "max_tokens": 4}

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tritonlm import launcher
+import launcher
 
 STEP = launcher.REPLICA_PORT_STEP
 
@@ -54,7 +54,7 @@ def cluster(model_dir: Path, tmp_path_factory):
     log = tmp_path_factory.mktemp("replicas") / "launcher.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tritonlm.launcher"], env=env, stdout=out, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "launcher"], env=env, stdout=out, stderr=subprocess.STDOUT,
             cwd=launcher.ROOT, start_new_session=True,
         )  # fmt: skip
     try:

@@ -118,7 +118,7 @@ def check() -> None:
     from tritonlm.embedding import config as embedding_config
 
     # A subprocess, not an import: the launcher imports this module (its models come from here).
-    if subprocess.run([sys.executable, "-m", "tritonlm.launcher", "--check"], cwd=ROOT).returncode:
+    if subprocess.run([sys.executable, "-m", "launcher", "--check"], cwd=ROOT).returncode:
         raise SetupError("tritonserver cannot run here (see above)")
     if not (embedding_config.default_model_dir() / "config.json").exists():
         raise SetupError(f"the embedding model's package {embedding_config.DEFAULT_PACKAGE} is broken")

@@ -30,7 +30,9 @@ def llama_dir(tmp_path_factory):
 
 
 def test_greedy_on_cuda_equals_transformers_generate(llama_dir):
-    runner = fp32_runner(llama_dir, "auto", device="cuda", max_num_seqs=4, max_seq_len=128, kv_cache_blocks=64)
+    runner = fp32_runner(
+        llama_dir, "auto", device="cuda", max_num_seqs=4, max_seq_len=128, kv_cache_blocks=64
+    )
     assert runner.platform.name == "cuda" and runner.device.type == "cuda"
     assert runner.fast_path is None  # no fast path is registered for CUDA yet
     model = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).to("cuda").eval()

@@ -4,7 +4,12 @@ by an environment setting."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tritonlm import settings
+from tritonlm.settings import setting
 
 MB = 1024 * 1024
 # Frames sampled per video when neither MEDIA_VIDEO_FRAMES nor the checkpoint says (vLLM's default).
@@ -24,37 +29,67 @@ class MediaError(ValueError):
 
 @dataclass(frozen=True)
 class MediaLimits:
-    """Each field is read from the environment variable of its upper-cased name prefixed `MEDIA_`
-    (e.g. MEDIA_MAX_ITEMS)."""
+    """Each field is a setting: the environment variable MEDIA_<NAME> (e.g. MEDIA_MAX_ITEMS) and, in
+    the frontend and the launcher, the flag --media-<name>."""
 
-    max_items: int = 20  # image_url + video_url + audio_url per request (TGI's POST /)
-    max_image_bytes: int = 20 * MB  # TGI's POST /
-    max_video_bytes: int = 512 * MB
-    max_audio_bytes: int = 20 * MB
-    # The chat APIs (OpenAI chat completions, and Databricks' chat) allow 40 MB. Unset, they follow
-    # MEDIA_MAX_IMAGE_BYTES / MEDIA_MAX_AUDIO_BYTES when those are set, so one setting lowers both.
-    max_chat_image_bytes: int = 40 * MB
-    max_chat_audio_bytes: int = 40 * MB
-    max_image_pixels: int = 4096 * 4096
-    max_video_frames: int = 32
-    video_frames: int = 0  # frames sampled per video; 0: the checkpoint's default (frames_per_video)
-    max_audio_seconds: float = 30.0  # Whisper-style extractors see 30 s windows
-    fetch_timeout_s: float = 10.0
-    max_redirects: int = 3
+    ENV_PREFIX: ClassVar[str] = "MEDIA_"
+
+    max_items: int = setting(  # TGI's POST /
+        20, "media items (image, video, audio) per request", flag="--media-max-items"
+    )
+    max_image_bytes: int = setting(20 * MB, "bytes per image (TGI's POST /)", flag="--media-max-image-bytes")
+    max_video_bytes: int = setting(512 * MB, "bytes per video", flag="--media-max-video-bytes")
+    max_audio_bytes: int = setting(
+        20 * MB, "bytes per audio clip (TGI's POST /)", flag="--media-max-audio-bytes"
+    )
+    # The chat APIs (OpenAI chat completions, and Databricks' chat) allow 40 MB.
+    max_chat_image_bytes: int = setting(
+        40 * MB,
+        "bytes per image on the chat APIs (OpenAI, Databricks); unset, it follows "
+        "MEDIA_MAX_IMAGE_BYTES when that is set",
+        flag="--media-max-chat-image-bytes",
+    )
+    max_chat_audio_bytes: int = setting(
+        40 * MB,
+        "bytes per audio clip on the chat APIs; unset, it follows MEDIA_MAX_AUDIO_BYTES when that is set",
+        flag="--media-max-chat-audio-bytes",
+    )
+    max_image_pixels: int = setting(4096 * 4096, "pixels per decoded image", flag="--media-max-image-pixels")
+    max_video_frames: int = setting(32, "frames sampled per video, at most", flag="--media-max-video-frames")
+    video_frames: int = setting(
+        0,
+        f"frames sampled per video; 0: the checkpoint's video processor's count, else {DEFAULT_VIDEO_FRAMES}",
+        flag="--media-video-frames",
+    )
+    max_audio_seconds: float = setting(  # Whisper-style extractors see 30 s windows
+        30.0, "seconds per audio clip", flag="--media-max-audio-seconds"
+    )
+    fetch_timeout_s: float = setting(
+        10.0, "seconds to fetch one http(s) media URL, redirects included", flag="--media-fetch-timeout-s"
+    )
+    max_redirects: int = setting(3, "redirects followed per media URL", flag="--media-max-redirects")
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> MediaLimits:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> MediaLimits:
+        """From MEDIA_* variables of `env` (default: this process's environment)."""
         env = os.environ if env is None else env
-        values = {}
-        for f in fields(cls):
-            raw = env.get(f"MEDIA_{f.name.upper()}")
+        values: dict[str, Any] = {}
+        for d in settings.declared(cls):
+            raw = env.get(d.env)
             if raw is not None:
-                cast = type(getattr(cls, f.name))
+                cast = type(d.default)
                 try:
-                    values[f.name] = cast(raw)
+                    values[d.name] = cast(raw)
                 except ValueError:
                     number = "an integer" if cast is int else "a number"
-                    raise ValueError(f"MEDIA_{f.name.upper()} must be {number}, got {raw!r}") from None
+                    raise ValueError(f"{d.env} must be {number}, got {raw!r}") from None
+        return cls.from_values(values)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> MediaLimits:
+        """From the limits that are set: an unset chat byte limit follows the general one when that is
+        set, so one setting lowers both."""
+        values = dict(values)
         for kind in ("image", "audio"):
             if f"max_{kind}_bytes" in values:
                 values.setdefault(f"max_chat_{kind}_bytes", values[f"max_{kind}_bytes"])

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from tritonlm.platforms.base import Platform
 
 AUTO = "auto"
+# The KV cache's share of free memory when `kv_cache_memory_fraction` is 0 (unset), by platform: a
+# GPU holds little else; on a CPU the cache shares the machine's memory with everything else.
+KV_MEMORY_FRACTION = {"cuda": 0.9, "cpu": 0.2}
 # device type -> "module:class" of its Platform.
 PLATFORMS = {
     "cpu": "tritonlm.platforms.cpu:CpuPlatform",

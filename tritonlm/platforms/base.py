@@ -15,7 +15,7 @@ class Platform(ABC):
     # backend still says whether it runs in this build (`AttentionBackend.available`).
     attention_backends: tuple[str, ...] = ()
     # The KV cache's share of free memory when `kv_cache_memory_fraction` is 0 (unset).
-    kv_memory_fraction: float = 0.9
+    kv_memory_fraction: float = 0.0
     # Whether the KV cache is capped at what max_num_seqs sequences of max_seq_len can use (CPU pages
     # are touched only as blocks come into use; a GPU's memory is the engine's to take).
     kv_capped_by_use: bool = False

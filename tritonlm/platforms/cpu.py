@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tritonlm.platforms import KV_MEMORY_FRACTION
 from tritonlm.platforms.base import Platform
 
 
@@ -33,7 +34,7 @@ def available_memory(meminfo: str = "/proc/meminfo") -> int:
 class CpuPlatform(Platform):
     name = "cpu"
     attention_backends = ("cpu_paged", "sdpa")
-    kv_memory_fraction = 0.2
+    kv_memory_fraction = KV_MEMORY_FRACTION["cpu"]
     kv_capped_by_use = True
 
     @classmethod

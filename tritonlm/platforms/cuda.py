@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import torch
 
+from tritonlm.platforms import KV_MEMORY_FRACTION
 from tritonlm.platforms.base import Platform
 
 
 class CudaPlatform(Platform):
     name = "cuda"
     attention_backends = ("sdpa",)
-    kv_memory_fraction = 0.9
+    kv_memory_fraction = KV_MEMORY_FRACTION["cuda"]
 
     @classmethod
     def unavailable(cls) -> str | None:

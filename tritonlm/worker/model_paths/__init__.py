@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import importlib
 import logging
+from typing import TYPE_CHECKING
 
-from torch import nn
-
-from tritonlm.platforms.base import Platform
-from tritonlm.worker.attention.base import AttentionBackend
-from tritonlm.worker.model_paths.base import ModelPath
 from tritonlm.worker.model_paths.registry import AUTO, FAST_PATHS, GENERIC, NAMES, PATHS
+
+if TYPE_CHECKING:  # the settings import `registry` through this package: no torch at import time
+    from torch import nn
+
+    from tritonlm.platforms.base import Platform
+    from tritonlm.worker.attention.base import AttentionBackend
+    from tritonlm.worker.model_paths.base import ModelPath
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ def fast_path(
     if name is None:
         return None
     built = path_class(name).build(model, attention, platform)
-    if isinstance(built, ModelPath):
+    if not isinstance(built, str):
         return built
     if setting == AUTO:
         log.info("model_path auto: transformers, not %s (%s)", name, built)

@@ -1,7 +1,7 @@
 """Starts tritonserver on the model repository plus the HTTP frontend, and stops both cleanly.
 
-    python -m tritonlm.launcher [FLAGS]    # what `make run` does
-    python -m tritonlm.launcher --check    # only check that tritonserver can run here
+    python -m launcher [FLAGS]    # what `make run` does
+    python -m launcher --check    # only check that tritonserver can run here
 
 The server binary is the `tritonserver` on PATH (the official container) or, failing that, the one
 bundled in the nvidia-pytriton wheel; its Python-backend stub is then copied next to a writable copy
@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from frontend.config import FrontendConfig
-from tritonlm import processes, setup
+from launcher import processes
+from tritonlm import setup
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
 from tritonlm.serving import contract, model_set
@@ -496,7 +497,7 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     parser = FrontendConfig.parser(
-        prog="python -m tritonlm.launcher",
+        prog="python -m launcher",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -571,7 +572,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         supervisor.stop()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
