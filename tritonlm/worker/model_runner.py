@@ -14,15 +14,14 @@ modules and weights, without transformers' module calls); any other step through
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import torch
 from transformers import AutoConfig
 
 from tritonlm.config import EngineConfig
-from tritonlm.engine.scheduler import SchedulerOutput
 from tritonlm.lora.layers import LoraLayers
 from tritonlm.multimodal.encoder import language_model_class
+from tritonlm.step import ModelOutput, StepBatch
 from tritonlm.worker import attention, fused, step_inputs
 from tritonlm.worker.attention.base import LayerShape
 from tritonlm.worker.llama_stack import LlamaStack
@@ -39,20 +38,6 @@ def available_cpu_memory() -> int:
     except OSError:
         pass
     return 4 << 30
-
-
-@dataclass
-class ModelOutput:
-    # The sampled rows, in the order the sequences were passed: one per sampled sequence when
-    # `logits_rows` is all 0/1 (so [sequences sampled, vocab]); those of seqs[i] are rows
-    # [offsets[i], offsets[i + 1]).
-    logits: torch.Tensor
-    all_logits: dict[int, torch.Tensor]  # index of a `prompt_logits` sequence -> [its new tokens, vocab]
-    offsets: list[int] = field(default_factory=list)
-
-    def logits_of(self, i: int) -> torch.Tensor:
-        """The sampled rows of the i-th sequence, its last new token last."""
-        return self.logits[self.offsets[i] : self.offsets[i + 1]]
 
 
 class ModelRunner:
@@ -113,19 +98,20 @@ class ModelRunner:
         self.attention.reset()
 
     @torch.inference_mode()
-    def execute(self, work: SchedulerOutput) -> ModelOutput:
-        """One packed step: feeds tokens [num_computed, num_computed + num_new[i]) of each sequence
-        (prompt, output, then its `spec_tokens`; their blocks already allocated, the copy-on-write
-        pairs `work.copies` applied first) and returns the logits of the last `num_logits[i]` new
-        tokens of each sequence, plus all logits of the new tokens of each with `prompt_logits[i]`."""
-        seqs, num_new = work.seqs, work.num_new
+    def execute(self, work: StepBatch) -> ModelOutput:
+        """One packed step: feeds each sequence's `token_ids` from position `num_computed` (their
+        blocks already allocated, the copy-on-write pairs `work.copies` applied first) and returns
+        the logits of the last `num_logits[i]` new tokens of each sequence, plus all logits of the
+        new tokens of each with `prompt_logits[i]`."""
+        num_new = work.num_new
         if work.copies:
             self.attention.copy_blocks(work.copies)
-        step = step_inputs.build(seqs, num_new, self.attention)
+        step = step_inputs.build(work, self.attention)
         metadata = self.attention.build_metadata(step.packed)  # once; every layer reads it
         keep, spans, all_rows = _logits_rows(step.order, num_new, work.num_logits, work.prompt_logits)
 
-        adapters = [seqs[i].request.lora for i in step.order]
+        loras = work.loras
+        adapters = [loras[i] for i in step.order]
         ids = step.input_ids.to(self.device)
         embeds = self._embed(ids, step.embed_at, step.embed_rows) if step.embed_at else None
         positions = step.position_ids.to(self.device)
@@ -135,10 +121,10 @@ class ModelRunner:
             else:
                 rows = [num_new[i] for i in step.order]
                 logits = self._model_logits(ids, embeds, positions, keep, adapters, rows)
-        # The sampled rows, in the order of `seqs` (the batch was packed decodes first).
+        # The sampled rows, in the scheduler's order (the batch was packed decodes first).
         select: list[int] = []
         offsets = [0]
-        for i in range(len(seqs)):
+        for i in range(len(num_new)):
             if i in spans:
                 a, b = spans[i]
                 select.extend(range(a, b))
