@@ -33,10 +33,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from frontend.config import FrontendConfig
-from tritonlm import processes, setup
+from tritonlm import contract, processes, setup
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
-from tritonlm.serving import contract, model_set
+from tritonlm.serving import model_set
 from tritonlm.serving import repository as model_repository
 from tritonlm.serving.model_set import ModelSet
 

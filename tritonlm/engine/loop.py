@@ -34,13 +34,13 @@ from tritonlm.engine.output_processor import OutputCallback, OutputProcessor, re
 from tritonlm.engine.request import Request
 from tritonlm.engine.scheduler import Scheduler
 from tritonlm.engine.sequence import Sequence, Status
+from tritonlm.engine.speculator import Speculator
 from tritonlm.engine.stats import EngineStats
 from tritonlm.engine.step_data import step_batch, step_samples
 from tritonlm.errors import overloaded_message
 from tritonlm.sampling.logits_processors import default_pipeline
 from tritonlm.sampling.metadata import SamplingMetadata
 from tritonlm.sampling.sampler import Sampler
-from tritonlm.spec_decode.speculator import Speculator
 from tritonlm.step import Worker
 from tritonlm.structured_output import GrammarHolder
 
