@@ -3,11 +3,12 @@
 Attention goes through the backend the `attention_backend` setting picks (`worker/attention`): it
 owns the KV cache and builds each step's attention metadata once, before the forward.
 
-A step feeds each sequence's new tokens (`step_inputs` packs them: a decoding sequence feeds its
+A step (a `StepBatch`: plain data the engine fills; this module never sees the engine's objects)
+feeds each sequence's new tokens (`step_inputs` packs them: a decoding sequence feeds its
 pending token and any proposals, a prefilling one a chunk of its prompt) and returns, per sequence,
 the logits of its last few new tokens (one to sample from; 1 + proposals to verify them) and, for
 prompt logits, those of all of them. A step whose tokens include embedding rows
-(`Request.prompt_embeds`) calls the model with `inputs_embeds`; any other with `input_ids`. A Llama
+(`StepBatch.embeds`) calls the model with `inputs_embeds`; any other with `input_ids`. A Llama
 model fused for the CPU runs a step without LoRA adapters through its `LlamaStack` (the same
 modules and weights, without transformers' module calls); any other step through the model."""
 
