@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml csrc/cpu_attention.cpp
 
 # The tiny model (random weights, trained tokenizer), generated deterministically.
 model: setup
-	$(PY) -m tritonlm.tiny_model models/tiny
+	$(PY) -m tritonlm.model_gen.tiny models/tiny
 
 # Throughput, latency and peak memory of static-batch transformers generate, this project and
 # vLLM's CPU server on the ~30M-parameter bench model, then of this project and vLLM on the default
@@ -46,7 +46,7 @@ model: setup
 # twenty minutes. Results: bench_results/. Not part of `make test`. BENCH_ARGS="--systems 12345"
 # adds one-at-a-time generate and `transformers serve`.
 bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed
-	test -f models/bench/config.json || $(PY) -m tritonlm.tiny_model models/bench --size bench
+	test -f models/bench/config.json || $(PY) -m tritonlm.model_gen.tiny models/bench --size bench
 	$(PY) -m client.bench $(BENCH_ARGS)
 	$(PY) -m client.bench --model-dir models/smollm2-135m-instruct --systems 45 $(BENCH_ARGS)
 
@@ -62,7 +62,7 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $@
 
-# Regenerate model_repository/*/config.pbtxt from tritonlm/serving/contract.py, and docs/settings.md's
+# Regenerate model_repository/*/config.pbtxt from tritonlm/contract.py, and docs/settings.md's
 # frontend table from frontend/config.py.
 configs: setup
 	$(PY) -m tritonlm.serving.pbtxt

@@ -50,7 +50,7 @@ import launcher
 from client import load
 from client.load import Prompt, Result
 from client.usage import ServerUsage, machine_busy_seconds
-from tritonlm.tiny_model import count_parameters
+from tritonlm.model_gen.tiny import count_parameters
 
 ROOT = launcher.ROOT
 BENCH_MODEL_DIR = ROOT / "models" / "bench"
@@ -476,7 +476,7 @@ def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], P
     if not (model_dir / "config.json").exists():
         if model_dir != BENCH_MODEL_DIR:
             parser.error(f"{model_dir}: no config.json")
-        from tritonlm.tiny_model import generate
+        from tritonlm.model_gen.tiny import generate
 
         generate(model_dir, size="bench")
     return args, dtypes, model_dir

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tritonlm.serving import contract
+from tritonlm import contract
 
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tiny"
 PERCENTILES = (50, 90, 99)

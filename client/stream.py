@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from tritonlm.serving import contract
+from tritonlm import contract
 
 _TYPES = {
     "ensemble": {t.name: t.dtype for t, _ in contract.ENSEMBLE_INPUTS},

@@ -12,7 +12,7 @@ from fastapi import Request
 from frontend.engine_client.served import DEFAULT, ServedModel
 from frontend.errors import APIError
 from tritonlm.config import ConfigError, EngineConfig
-from tritonlm.serving.contract import ENGINE
+from tritonlm.contract import ENGINE
 
 
 async def engine_config(request: Request, served: ServedModel | None = None) -> EngineConfig:

@@ -34,10 +34,10 @@ from pathlib import Path
 
 from frontend.config import FrontendConfig
 from launcher import processes
-from tritonlm import setup
+from tritonlm import contract, setup
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
-from tritonlm.serving import contract, model_set
+from tritonlm.serving import model_set
 from tritonlm.serving import repository as model_repository
 from tritonlm.serving.model_set import ModelSet
 

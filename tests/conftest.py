@@ -36,7 +36,7 @@ def model_dir() -> Path:
     if os.environ.get("MODEL_DIR"):
         return Path(os.environ["MODEL_DIR"])
     if not (launcher.TINY_MODEL_DIR / "config.json").exists():
-        from tritonlm.tiny_model import generate
+        from tritonlm.model_gen.tiny import generate
 
         generate(launcher.TINY_MODEL_DIR)
     return launcher.TINY_MODEL_DIR
@@ -135,7 +135,7 @@ def multimodal_media(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def multimodal_checkpoints(tmp_path_factory):
     """kind -> a tiny checkpoint directory (llava, llava_onevision, qwen2_audio), built at first use."""
-    from tritonlm.multimodal import checkpoints
+    from tritonlm.model_gen import multimodal as checkpoints
 
     root = tmp_path_factory.mktemp("mm-checkpoints")
     built: dict[str, Path] = {}

@@ -11,7 +11,8 @@ from engine_helpers import sequence
 
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.engine.block_manager import BlockManager
-from tritonlm.engine.scheduler import Scheduler
+from tritonlm.engine.scheduler import Scheduler, SchedulerOutput
+from tritonlm.engine.step_data import step_batch
 from tritonlm.worker import attention, cpu_kernels, step_inputs
 from tritonlm.worker.attention.base import AttentionBackend
 from tritonlm.worker.attention.registry import BACKENDS
@@ -107,7 +108,8 @@ def step(
         seq = sequence(range(5, 5 + cached + new), 4)
         seq.block_table, seq.num_computed = table, cached
         made.append(seq)
-    inputs = step_inputs.build(made, [new for _, _, new in seqs], b)
+    work = step_batch(SchedulerOutput(made, [new for _, _, new in seqs]))
+    inputs = step_inputs.build(work, b)
     assert inputs.order == list(range(len(seqs))), "the test packs in the order given"
     metadata = b.build_metadata(inputs.packed)
     tokens = keys.shape[0]
@@ -191,7 +193,7 @@ def test_the_runner_builds_the_metadata_once_per_step_and_every_layer_reads_it(r
         scheduler.add(sequence(prompt, 2))
     for n in (1, 2):  # a prefill step, then a decode step
         work = scheduler.schedule()
-        runner.execute(work)
+        runner.execute(step_batch(work))
         for seq, new in zip(work.seqs, work.num_new, strict=True):
             seq.num_computed += new
             seq.output_ids.append(7)

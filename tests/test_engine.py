@@ -15,6 +15,7 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
+from tritonlm import contract
 from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.request import Request
@@ -30,7 +31,7 @@ from tritonlm.sampling.logits_processors import (
 from tritonlm.sampling.metadata import SamplingMetadata
 from tritonlm.sampling.ops import filter_logits
 from tritonlm.sampling.sampler import Sampler, SamplerInput, SamplerOutput, SamplingParams
-from tritonlm.serving import contract, engine_outputs, pbtxt
+from tritonlm.serving import engine_outputs, pbtxt
 from tritonlm.serving.engine_inputs import parse_request
 from tritonlm.serving.engine_outputs import response_tensors
 from tritonlm.text.postprocess import TEXT_NAMES

@@ -23,7 +23,7 @@ from frontend.engine_client.triton import (
     classify_error,
 )
 from frontend.errors import APIError
-from tritonlm.serving.contract import NUMPY_DTYPES
+from tritonlm.contract import NUMPY_DTYPES
 
 # ---------------------------------------------------------------------------------------------
 # A fake Triton: each "response" is a list of (id, piece, logprob, special); the engine's text of

@@ -1,6 +1,7 @@
-"""No import circles in `tritonlm`: the graph of its modules' imports (every import statement, those
-inside functions and under TYPE_CHECKING included) is acyclic, and each worker module imports on its
-own in a fresh interpreter."""
+"""The shape of `tritonlm`'s imports (every import statement, those inside functions and under
+TYPE_CHECKING included): no import circles between modules; packages in layers, each importing only
+from layers below it (so the worker never reaches the engine, nor the engine the serving glue); and
+each worker module imports on its own in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -51,6 +52,45 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return targets
 
 
+# The package's parts (subpackages and top-level modules), lowest first. A part may import the
+# parts of lower layers only: not its own layer's, not a higher one's.
+LAYERS: list[list[str]] = [
+    # the tensor contract (names and types every model exchanges), the settings framework, where a
+    # decoder layer's modules live, and the platforms (torch alone)
+    ["errors", "contract", "settings", "layer_names", "platforms"],
+    ["config", "request_tensors"],
+    ["step", "lora", "structured_output", "multimodal", "spec_decode", "embedding"],
+    ["text", "sampling", "worker"],
+    ["engine"],
+    ["serving"],  # the Triton models: builds the worker and hands it to the engine
+    ["model_gen", "smollm2"],
+    ["setup"],
+]
+# Modules that name things and import nothing of the package but its bottom layer, which a lower
+# layer may read.
+LEAVES = {
+    "tritonlm.worker.attention.registry",  # the attention backends' names (the setting's choices)
+    "tritonlm.lora.format",  # parsing the lora_modules setting
+    "tritonlm.worker.model_paths.registry",  # the model paths' names (the setting's choices)
+}
+
+
+def part(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def layer_violations(graph: dict[str, set[str]], layers: list[list[str]]) -> list[str]:
+    """Imports of a part by a part that is not in a higher layer."""
+    level = {name: i for i, names in enumerate(layers) for name in names}
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = part(module), part(target)
+            if a and b and a != b and target not in LEAVES and level[b] >= level[a]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
@@ -84,6 +124,27 @@ def test_the_package_has_no_import_cycles():
     assert graph["tritonlm.worker.model_runner"] >= {"tritonlm.worker.attention", "tritonlm.worker.fused"}
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"tritonlm.worker.x": {"tritonlm.engine.y"}, "tritonlm.engine.y": {"tritonlm.worker.x"}}
+    assert layer_violations(graph, [["worker"], ["engine"]]) == ["tritonlm.worker.x -> tritonlm.engine.y"]
+
+
+def test_every_part_has_a_layer():
+    placed = [name for names in LAYERS for name in names]
+    assert len(placed) == len(set(placed))
+    assert {part(m) for m in modules()} - {""} == set(placed)
+
+
+def test_the_packages_import_only_from_lower_layers():
+    known = modules()
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    assert graph["tritonlm.engine.loop"] >= {"tritonlm.step"}, "the engine drives a step.Worker"
+    assert layer_violations(graph, LAYERS) == []
+    for leaf in LEAVES:
+        below = {part(m) for m in graph[leaf]} - set(LAYERS[0])
+        assert below == set(), f"{leaf} is read by a lower layer: it must import only the bottom layer"
 
 
 @pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith("tritonlm.worker")))

@@ -123,7 +123,7 @@ def test_bench_model_size_and_forward_flops() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from client.bench import forward_flops
-    from tritonlm import tiny_model
+    from tritonlm.model_gen import tiny as tiny_model
 
     shape = tiny_model.SIZES["bench"]
     config = LlamaConfig(

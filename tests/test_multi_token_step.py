@@ -10,6 +10,7 @@ from engine_helpers import fp32_runner, reference_model, sequence
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.scheduler import Scheduler, SchedulerOutput
 from tritonlm.engine.sequence import Sequence
+from tritonlm.engine.step_data import step_batch
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker.model_runner import ModelOutput, ModelRunner
 
@@ -53,7 +54,7 @@ def run_step(runner: ModelRunner, s: Scheduler) -> tuple[SchedulerOutput, ModelO
     the batch, the runner's output and the logits rows each sequence got."""
     batch = s.schedule()
     rows = batch.num_logits
-    out = runner.execute(batch)
+    out = runner.execute(step_batch(batch))
     for seq, n in zip(batch.seqs, batch.num_new, strict=True):
         seq.num_computed += n
     return batch, out, rows

@@ -13,7 +13,7 @@ from PIL import Image
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
-from tritonlm.multimodal import checkpoints
+from tritonlm.model_gen import multimodal as checkpoints
 from tritonlm.multimodal.architectures import media_kinds
 from tritonlm.multimodal.encoder import MediaEncoder
 from tritonlm.serving.engine_inputs import parse_request

@@ -24,7 +24,7 @@ from transformers import LlavaOnevisionProcessor
 
 from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
-from tritonlm.multimodal import checkpoints
+from tritonlm.model_gen import multimodal as checkpoints
 from tritonlm.multimodal.architectures import media_kinds
 from tritonlm.multimodal.decode import frame_positions, sample_video_frames
 from tritonlm.multimodal.encoder import MediaEncoder

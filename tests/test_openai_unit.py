@@ -21,7 +21,7 @@ from frontend.config import FrontendConfig
 from frontend.engine_client.triton import ENGINE, classify_error
 from frontend.errors import APIError
 from frontend.openai_api import prompt_embeds
-from tritonlm.serving import contract
+from tritonlm import contract
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_detokenizer import TEXTS, build_byte_level, build_llama, build_metaspace
 
-from tritonlm.serving import contract
+from tritonlm import contract
 from tritonlm.text.postprocess import Postprocessor
 from tritonlm.text.preprocess import InvalidRequest, Preprocessor
 from tritonlm.text.tokenization import (

@@ -8,11 +8,11 @@ import re
 import numpy as np
 import pytest
 
+from tritonlm import contract
+from tritonlm.contract import Bounds
 from tritonlm.errors import InvalidRequest, prompt_too_long
-from tritonlm.serving import contract
-from tritonlm.serving.contract import Bounds
+from tritonlm.request_tensors import RequestTensors
 from tritonlm.serving.engine_inputs import parse_request
-from tritonlm.serving.request_tensors import RequestTensors
 
 VOCAB = 64
 

@@ -11,6 +11,7 @@ from engine_helpers import sequence
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.request import DraftTokens
 from tritonlm.engine.scheduler import Scheduler
+from tritonlm.engine.step_data import step_batch, step_samples
 from tritonlm.sampling.logits_processors import default_pipeline
 from tritonlm.sampling.metadata import PromptRows, SamplingMetadata, SeqRows
 from tritonlm.sampling.ops import temperature_of
@@ -86,7 +87,7 @@ def test_metadata_of_a_step_with_a_draft_a_beam_and_prompt_logits():
         scheduler.add(seq)
     batch = scheduler.schedule()
     assert batch.num_logits == [3, 1, 1]
-    metadata = SamplingMetadata.of_step(batch, {2: logits_for(5)})
+    metadata = SamplingMetadata.of_step(step_samples(batch, step_batch(batch)), {2: logits_for(5)})
     (rows_of_drafted, rows_of_prompt) = metadata.seqs
     assert rows_of_drafted.proposals == [7, 8] and rows_of_drafted.threshold == 0.5
     assert [s.output_ids for s in rows_of_drafted.inputs] == [[], [7], [7, 8]]

@@ -11,10 +11,10 @@ import pytest
 from conftest import running_servers
 
 from client.stream import StreamClient
-from tritonlm import tiny_model
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.request import Request
+from tritonlm.model_gen import tiny as tiny_model
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker.model_runner import ModelRunner
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tritonlm import tiny_model
+from tritonlm.model_gen import tiny as tiny_model
 
 FILES = [
     "config.json",

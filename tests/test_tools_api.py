@@ -12,7 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from tritonlm.serving import contract
+from tritonlm import contract
 from tritonlm.text.preprocess import Preprocessor
 from tritonlm.text.tokenization import load_tokenizer
 

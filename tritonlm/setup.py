@@ -46,7 +46,7 @@ def _smollm2() -> Path:
 
 def _tiny() -> Path:
     if not (TINY_MODEL_DIR / "config.json").exists():
-        from tritonlm.tiny_model import generate
+        from tritonlm.model_gen.tiny import generate
 
         partial = TINY_MODEL_DIR.with_name(TINY_MODEL_DIR.name + ".partial")  # never half-used
         shutil.rmtree(partial, ignore_errors=True)

@@ -21,7 +21,7 @@ from frontend.errors import APIError
 from frontend.models import resolve_model
 from frontend.openai_api.schema import parse_body
 from frontend.ops.context import count_tokens
-from tritonlm.serving.contract import EMBEDDING_MAX_BATCH_SIZE
+from tritonlm.contract import EMBEDDING_MAX_BATCH_SIZE
 
 router = APIRouter()
 

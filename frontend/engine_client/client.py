@@ -25,8 +25,8 @@ from frontend.engine_client.lora import engine_stream
 from frontend.engine_client.request import Job
 from frontend.engine_client.served import DEFAULT, ServedModel
 from frontend.engine_client.triton import INPUTS, Triton, tensors
-from tritonlm.serving import contract
-from tritonlm.serving.contract import ENGINE, MULTIMODAL_ENCODER, PREPROCESSING
+from tritonlm import contract
+from tritonlm.contract import ENGINE, MULTIMODAL_ENCODER, PREPROCESSING
 
 Arrays = dict[str, np.ndarray]
 

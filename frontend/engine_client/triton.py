@@ -1,6 +1,6 @@
 """A small async wrapper over Triton's gRPC client: streamed and unary inference, readiness, errors.
 
-Tensors are plain `dict[str, np.ndarray]`; their Triton types come from `tritonlm.serving.contract`, so the
+Tensors are plain `dict[str, np.ndarray]`; their Triton types come from `tritonlm.contract`, so the
 HTTP routes never spell a datatype. Every Triton failure leaves this module as an `APIError` whose
 status `classify_error` chose.
 """
@@ -29,9 +29,8 @@ from tritonclient.utils import InferenceServerException
 
 from frontend.errors import APIError
 from frontend.ops.context import request_id
-from tritonlm.errors import CLIENT_ERROR_MARKER, OVERLOAD_MARKER
-from tritonlm.serving import contract
-from tritonlm.serving.contract import (
+from tritonlm import contract
+from tritonlm.contract import (
     EMBEDDING,
     ENGINE,
     ENSEMBLE,
@@ -41,6 +40,7 @@ from tritonlm.serving.contract import (
     PREPROCESSING,
     Tensor,
 )
+from tritonlm.errors import CLIENT_ERROR_MARKER, OVERLOAD_MARKER
 from tritonlm.serving.model_set import kind_of
 
 # The models of model_repository/, as the contract names them (/health waits for all of them).

@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 import numpy as np
 
 from frontend.errors import APIError
-from tritonlm.serving.contract import ENGINE, ENGINE_INPUTS, NUMPY_DTYPES
+from tritonlm.contract import ENGINE, ENGINE_INPUTS, NUMPY_DTYPES
 from tritonlm.serving.model_set import kind_of
 
 RESUME_TENSOR = "resume_output_len"

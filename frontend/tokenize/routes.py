@@ -30,7 +30,7 @@ from frontend.openai_api.schema import (
     chat_messages,
 )
 from frontend.streaming import until_disconnected
-from tritonlm.serving import contract
+from tritonlm import contract
 
 router = APIRouter()
 

@@ -5,12 +5,13 @@ sequences, is four stages:
 1. schedule (engine.scheduler): `Scheduler.schedule() -> SchedulerOutput`: which sequences feed how
    many tokens (decodes with their proposals, prefill chunks, admissions), preempting the newest
    when blocks run out;
-2. execute (worker.model_runner): `ModelRunner.execute(SchedulerOutput) -> ModelOutput`: one packed
-   forward, the logits rows each sampled sequence needs (and all rows of prompts whose logits are
-   kept);
-3. sample (sampling.sampler): `Sampler(logits, SamplingMetadata) -> SamplerOutput`: logits
-   processors (the grammar mask among them), temperature, the chosen tokens or the verified
-   proposals, their log probs and alternatives, and prompt log probs;
+2. execute (a `step.Worker`, e.g. worker.model_runner): `execute(StepBatch) -> ModelOutput`: one
+   packed forward of the step's plain data (`engine.step_data`), the logits rows each sampled
+   sequence needs (and all rows of prompts whose logits are kept);
+3. sample (sampling.sampler): `Sampler(logits, SamplingMetadata) -> SamplerOutput` (the metadata
+   made from the step's plain `StepSamples`): logits processors (the grammar mask among them),
+   temperature, the chosen tokens or the verified proposals, their log probs and alternatives, and
+   prompt log probs;
 4. process outputs (engine.output_processor): `OutputProcessor.update(SchedulerOutput,
    SamplerOutput)`: append tokens with their timings, log probs and text, stop rules, rollback of
    rejected proposals, beam groups, finished sequences retired; results leave through the
@@ -33,14 +34,15 @@ from tritonlm.engine.output_processor import OutputCallback, OutputProcessor, re
 from tritonlm.engine.request import Request
 from tritonlm.engine.scheduler import Scheduler
 from tritonlm.engine.sequence import Sequence, Status
+from tritonlm.engine.speculator import Speculator
 from tritonlm.engine.stats import EngineStats
+from tritonlm.engine.step_data import step_batch, step_samples
 from tritonlm.errors import overloaded_message
 from tritonlm.sampling.logits_processors import default_pipeline
 from tritonlm.sampling.metadata import SamplingMetadata
 from tritonlm.sampling.sampler import Sampler
-from tritonlm.spec_decode.speculator import Speculator
+from tritonlm.step import Worker
 from tritonlm.structured_output import GrammarHolder
-from tritonlm.worker.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ __all__ = ["Engine", "OutputCallback"]
 
 
 class Engine:
-    def __init__(self, runner: ModelRunner, on_output: OutputCallback, tokenizer: object | None = None):
+    def __init__(self, runner: Worker, on_output: OutputCallback, tokenizer: object | None = None):
         self.runner = runner
         self.tokenizer = tokenizer  # for text (stop strings, text outputs); None: token ids only
         config = runner.config
@@ -166,8 +168,11 @@ class Engine:
             time.sleep(0.001)
             return
         start = time.perf_counter()
-        out = self.runner.execute(batch)
-        sampled = self.sampler(out.logits, SamplingMetadata.of_step(batch, out.all_logits))
+        step = step_batch(batch)
+        out = self.runner.execute(step)
+        sampled = self.sampler(
+            out.logits, SamplingMetadata.of_step(step_samples(batch, step), out.all_logits)
+        )
         end = time.perf_counter()
         self.counters.step(len(batch), sampled, end - start)
         self.outputs.update(batch, sampled, start, end)

@@ -17,11 +17,11 @@ from tritonlm.engine.beam_group import BeamGroup
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.scheduler import Scheduler, SchedulerOutput
 from tritonlm.engine.sequence import Sequence, Status, TokenTiming
+from tritonlm.engine.speculator import Speculator
 from tritonlm.engine.stats import EngineStats
 from tritonlm.engine.stopping import finish_reason
 from tritonlm.errors import CLIENT_ERROR_MARKER
 from tritonlm.sampling.sampler import PromptLogProbs, SampledTokens, Sampler, SamplerOutput
-from tritonlm.spec_decode.speculator import Speculator
 
 OutputCallback = Callable[[Sequence, int], None]
 

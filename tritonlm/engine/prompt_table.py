@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from tritonlm.engine.request import PromptEmbeds
-from tritonlm.errors import InvalidRequest
 
 
 def table_embeds(ids: np.ndarray, table: torch.Tensor, vocab_size: int) -> PromptEmbeds | None:
@@ -25,14 +24,3 @@ def table_embeds(ids: np.ndarray, table: torch.Tensor, vocab_size: int) -> Promp
         return None
     rows = table[torch.from_numpy(ids[positions] - vocab_size)]
     return PromptEmbeds.of(positions.tolist(), rows)
-
-
-def check_table_shape(table: np.ndarray, hidden_size: int | None, min_rows: int = 1) -> None:
-    """A client's `prompt_embedding_table`, wherever it is read (the engine, the multimodal
-    encoder): [1, rows, hidden] with the model's hidden size (None: not known here)."""
-    name = "prompt_embedding_table"
-    if table.ndim != 3 or table.shape[0] != 1 or table.shape[1] < min_rows:
-        raise InvalidRequest(f"{name}: expected shape [1, rows, hidden], got {list(table.shape)}")
-    if hidden_size is not None and table.shape[2] != hidden_size:
-        got = table.shape[2]
-        raise InvalidRequest(f"{name}: rows must have the model's hidden size {hidden_size}, got {got}")

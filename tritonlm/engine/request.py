@@ -19,6 +19,7 @@ import torch
 from tritonlm.lora.adapter import LoraAdapter
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.sampling.seeds import sequence_seed
+from tritonlm.structured_output.grammars import Guide
 
 _keys = itertools.count(1)
 
@@ -64,15 +65,6 @@ class PromptEmbeds:
         for j in range(a, b):
             keyed[self.positions[j] - start] = self.keys[j]
         return keyed
-
-
-@dataclass(frozen=True)
-class Guide:
-    """Guided decoding: `type` is one of contract.GUIDE_TYPES; `text` the schema, regex, grammar or
-    structural tag ("" for type json: any JSON object)."""
-
-    type: str
-    text: str = ""
 
 
 @dataclass(frozen=True, eq=False)

@@ -9,6 +9,7 @@ goes on appending.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -23,6 +24,9 @@ from tritonlm.text.stream import TextStream, stop_texts
 if TYPE_CHECKING:
     from tritonlm.sampling.beam_search import Beam
     from tritonlm.sampling.logits_processors.base import LogitsPipeline
+
+
+_uids = itertools.count()
 
 
 class Status(enum.Enum):
@@ -121,6 +125,7 @@ class Sequence:
     # for text or stop strings.
     text: TextStream | None = None
     last_event: float = 0.0  # end of the step that produced the previous token (or arrival)
+    uid: int = field(default_factory=_uids.__next__)  # names it to the worker (StepBatch.seq_ids)
 
     def __post_init__(self) -> None:
         self.last_event = self.last_event or self.request.arrival

@@ -24,7 +24,7 @@ from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.errors import OVERLOAD_MARKER, InvalidRequest
 from tritonlm.lora.adapter import LoraAdapter, Shapes, build_adapter
 from tritonlm.lora.format import AdapterFormatError, parse_lora_modules, peft_to_tensors
-from tritonlm.serving.request_tensors import RequestTensors
+from tritonlm.request_tensors import RequestTensors
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from tritonlm.engine.prompt_table import check_table_shape
 from tritonlm.errors import InvalidRequest
 from tritonlm.multimodal.architectures import media_kinds
 from tritonlm.multimodal.decode import decode_audio, decode_image, sample_video_frames
 from tritonlm.multimodal.limits import KINDS, MediaError, MediaLimits
+from tritonlm.request_tensors import check_table_shape
 
 Outputs = dict[str, np.ndarray]
 

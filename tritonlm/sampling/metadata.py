@@ -1,19 +1,47 @@
 """What the sampler needs of one engine step, besides the logits: per sampled sequence its rows
 (each row's `SamplerInput`, with the prefix that row sees), the proposals those rows verify and a
 client's draft distribution; the rows of beams (their group decides); and the prompt positions
-whose log probs are wanted. Built from the scheduler's step by `SamplingMetadata.of_step`."""
+whose log probs are wanted. Built by `SamplingMetadata.of_step` from `StepSamples`, the plain data
+the engine fills from its sequences for each step."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import torch
 
 from tritonlm.sampling.params import SamplerInput, SamplingParams
 
-if TYPE_CHECKING:
-    from tritonlm.engine.scheduler import SchedulerOutput
+
+class Draft(NamedTuple):
+    """A client's drafter's view of a sequence's proposals (engine.request.DraftTokens)."""
+
+    probs: torch.Tensor | None  # [proposals, vocab]
+    threshold: float | None
+
+
+class PromptSource(NamedTuple):
+    """A sequence whose prompt logits the step keeps."""
+
+    prompt_ids: tuple[int, ...]
+    first: int  # the chunk's first position
+    taken: int  # prompt positions whose logits were taken before (a recompute feeds them again)
+    params: SamplingParams
+
+
+@dataclass
+class StepSamples:
+    """The step's sequences as the sampler sees them, in the step's order: plain data the engine
+    fills. Sequence i has the last `num_logits[i]` rows of its new tokens; `inputs[i]` is its
+    `SamplerInput` (None: no rows, or a beam's, which its group chooses from); a sequence verifying
+    proposals has them in `proposals` (and a client's drafter's distribution in `drafts`)."""
+
+    num_logits: list[int] = field(default_factory=list)
+    inputs: list[SamplerInput | None] = field(default_factory=list)
+    proposals: dict[int, list[int]] = field(default_factory=dict)
+    drafts: dict[int, Draft] = field(default_factory=dict)
+    prompts: dict[int, PromptSource] = field(default_factory=dict)  # those keeping prompt logits
 
 
 @dataclass
@@ -62,42 +90,46 @@ class SamplingMetadata:
         return cls([SeqRows(i, [s]) for i, s in enumerate(inputs)])
 
     @classmethod
-    def of_step(cls, batch: SchedulerOutput, prompt_logits: dict[int, torch.Tensor]) -> SamplingMetadata:
-        """The step's metadata, before the sequences' `num_computed` advance. The step's logits hold
-        `batch.num_logits[i]` rows per sequence, in order; `prompt_logits[i]`: all the rows of
-        the new tokens of sequence i (`batch.prompt_logits`)."""
+    def of_step(cls, step: StepSamples, prompt_logits: dict[int, torch.Tensor]) -> SamplingMetadata:
+        """The step's metadata. The step's logits hold `step.num_logits[i]` rows per sequence, in
+        order; `prompt_logits[i]`: all the rows of the new tokens of sequence i."""
         seqs: list[SeqRows] = []
         rows: list[int] = []
         beams: dict[int, int] = {}
         offset = 0
-        for i, (seq, m) in enumerate(zip(batch.seqs, batch.num_logits, strict=True)):
-            if m and seq.group is not None:
+        for i, (sampled, m) in enumerate(zip(step.inputs, step.num_logits, strict=True)):
+            if m and sampled is None:
                 beams[i] = offset + m - 1
             elif m:
-                seqs.append(_seq_rows(i, seq, m))
+                seqs.append(_seq_rows(i, sampled, step.proposals.get(i, []), step.drafts.get(i)))
                 rows.extend(range(offset, offset + m))
             offset += m
-        prompts = [_prompt_rows(i, batch.seqs[i], logits) for i, logits in prompt_logits.items()]
+        prompts = [_prompt_rows(i, step.prompts[i], logits) for i, logits in prompt_logits.items()]
         every = rows == list(range(offset))
         return cls(seqs, None if every else rows, beams, [p for p in prompts if p is not None])
 
 
-def _seq_rows(index: int, seq, m: int) -> SeqRows:
-    proposals = seq.spec_tokens[: m - 1]
-    inputs = [seq.sampler_input(proposals[:j]) for j in range(m)]
-    draft = seq.request.draft if not seq.output_ids else None  # a client's drafts: the first step
-    if m == 1 or draft is None:
+def _seq_rows(index: int, sampled: SamplerInput, proposals: list[int], draft: Draft | None) -> SeqRows:
+    if not proposals:
+        return SeqRows(index, [sampled])
+    # Row j sees the output as if `proposals[:j]` followed it.
+    inputs = [sampled]
+    for j in range(1, len(proposals) + 1):
+        output = [*sampled.output_ids, *proposals[:j]]
+        inputs.append(
+            SamplerInput(sampled.params, sampled.prompt_ids, output, sampled.random_key, sampled.grammar)
+        )
+    if draft is None:
         return SeqRows(index, inputs, proposals)
-    probs = draft.probs[: m - 1] if draft.probs is not None else None
-    return SeqRows(index, inputs, proposals, probs, draft.threshold)
+    return SeqRows(index, inputs, proposals, draft.probs, draft.threshold)
 
 
-def _prompt_rows(index: int, seq, logits: torch.Tensor) -> PromptRows | None:
-    prompt = seq.prompt_ids
-    first = seq.num_computed  # the chunk's first position
-    start = max(seq.out.prompt_positions, first)
+def _prompt_rows(index: int, source: PromptSource, logits: torch.Tensor) -> PromptRows | None:
+    prompt = source.prompt_ids
+    first = source.first  # the chunk's first position
+    start = max(source.taken, first)
     rows = logits[start - first : len(prompt) - first]
     if not rows.shape[0]:
         return None
     end = start + rows.shape[0]
-    return PromptRows(index, start, rows, tuple(prompt[start + 1 : end + 1]), seq.params)
+    return PromptRows(index, start, rows, tuple(prompt[start + 1 : end + 1]), source.params)

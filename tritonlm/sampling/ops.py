@@ -1,5 +1,5 @@
 """The sampling step's primitives, shared by the sampler and draft verification
-(spec_decode.acceptance): temperature, top-k / top-p / typical-p, the seeded draw (draws.py), and
+(sampling.acceptance): temperature, top-k / top-p / typical-p, the seeded draw (draws.py), and
 the best alternatives of a log-probs row."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A request's sampling parameters (TensorRT-LLM's semantics; see serving/contract.py), and what the
+"""A request's sampling parameters (TensorRT-LLM's semantics; see contract.py), and what the
 sampler and the logits processors see of one running sequence."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ and alternatives, and the log probs of the prompt positions the step fed.
    filter).
 3. Per sequence: one row → greedy argmax, or top-k/top-p/typical-p and a draw keyed by the
    request's seed and the position (draws.py); several rows (proposals fed with its token) → the
-   proposals that verification keeps and the token after them (spec_decode.acceptance).
+   proposals that verification keeps and the token after them (sampling.acceptance).
 4. The chosen tokens' log probs and best alternatives, where asked; the raw logits rows where
    asked (generation logits); prompt log probs of the prompt rows the step kept, with the same
    temperature rule.
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tritonlm.sampling.acceptance import verify
 from tritonlm.sampling.logits_processors import GrammarMask, LogitsPipeline
 from tritonlm.sampling.metadata import PromptRows, SamplingMetadata, SeqRows
 from tritonlm.sampling.ops import apply_temperature, choose, temperature_of, top_alternatives
 from tritonlm.sampling.params import SamplerInput, SamplingParams
-from tritonlm.spec_decode.acceptance import verify
 
 __all__ = ["PromptLogProbs", "SampledTokens", "Sampler", "SamplerInput", "SamplerOutput", "SamplingParams"]
 

@@ -13,15 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tritonlm.engine.prompt_table import check_table_shape, table_embeds
+from tritonlm import contract
+from tritonlm.contract import Bounds
+from tritonlm.engine.prompt_table import table_embeds
 from tritonlm.engine.request import DraftTokens, Guide, PromptEmbeds, Request
 from tritonlm.errors import InvalidRequest, prompt_too_long
 from tritonlm.lora.adapter import LoraAdapter
 from tritonlm.lora.store import LORA_TENSORS, LoraStore
+from tritonlm.request_tensors import RequestTensors, check_table_shape
 from tritonlm.sampling.params import SamplingParams
-from tritonlm.serving import contract
-from tritonlm.serving.contract import Bounds
-from tritonlm.serving.request_tensors import RequestTensors
 from tritonlm.text.tokenization import list_to_words
 
 __all__ = ["InvalidRequest", "parse_request"]

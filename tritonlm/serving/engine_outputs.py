@@ -9,9 +9,9 @@ from functools import cached_property, partial
 import numpy as np
 import torch
 
+from tritonlm import contract
 from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.beam_search import Beam
-from tritonlm.serving import contract
 from tritonlm.text.postprocess import TEXT_NAMES, Postprocessor
 from tritonlm.text.tokenization import ids_to_list
 

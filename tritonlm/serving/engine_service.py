@@ -20,13 +20,13 @@ from typing import Any, NamedTuple
 
 import triton_python_backend_utils as pb_utils
 
-from tritonlm import platforms
+from tritonlm import contract, platforms
 from tritonlm.config import EngineConfig
 from tritonlm.engine.loop import Engine
 from tritonlm.engine.sequence import Sequence
 from tritonlm.errors import overloaded_message
 from tritonlm.lora.store import LoraCacheFull, LoraStore
-from tritonlm.serving import contract, triton_glue
+from tritonlm.serving import triton_glue
 from tritonlm.serving.coalesce import coalesce
 from tritonlm.serving.engine_inputs import InvalidRequest, parse_request
 from tritonlm.serving.engine_outputs import ALL_OUTPUTS, ResponseBuilder

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonlm.config import ConfigError
-from tritonlm.serving.contract import ENGINE, ENSEMBLE, MULTIMODAL_ENCODER, POSTPROCESSING, PREPROCESSING
+from tritonlm.contract import ENGINE, ENSEMBLE, MULTIMODAL_ENCODER, POSTPROCESSING, PREPROCESSING
 
 # One served model's Triton models, in the order they load (the ensemble names the others).
 KINDS = (ENGINE, PREPROCESSING, POSTPROCESSING, MULTIMODAL_ENCODER, ENSEMBLE)

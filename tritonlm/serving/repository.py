@@ -18,8 +18,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from tritonlm.contract import EMBEDDING, ENGINE, ENSEMBLE
 from tritonlm.serving import pbtxt
-from tritonlm.serving.contract import EMBEDDING, ENGINE, ENSEMBLE
 from tritonlm.serving.model_set import KINDS, ModelSet
 
 SOURCE = pbtxt.REPOSITORY  # the committed repository: each kind's config.pbtxt and model.py

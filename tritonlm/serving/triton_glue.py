@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonlm import contract
 from tritonlm.config import ConfigError, EngineConfig
+from tritonlm.contract import Tensor
 from tritonlm.errors import InvalidRequest
-from tritonlm.serving import contract, model_set
-from tritonlm.serving.contract import Tensor
+from tritonlm.serving import model_set
 
 
 def parameters(args: dict) -> dict[str, str]:

@@ -13,30 +13,33 @@ Both propose token ids only; `acceptance.verify` keeps the target's distribution
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from tritonlm.engine.sequence import Sequence
-
 
 class Proposer(Protocol):
-    def propose(self, seq: Sequence, k: int) -> list[int]:
-        """Up to `k` tokens likely to follow `seq`'s prompt + output."""
+    # Whether it must skip sequences whose prompt has embedding rows (it sees only their ids).
+    needs_token_prompts: ClassVar[bool]
+
+    def propose(self, key: int, tokens: list[int], k: int) -> list[int]:
+        """Up to `k` tokens likely to follow `tokens` (a sequence's prompt + output; `key` names
+        the sequence across steps)."""
         ...
 
-    def forget(self, seq: Sequence) -> None:
-        """`seq` is done: drop what was kept for it."""
+    def forget(self, key: int) -> None:
+        """Sequence `key` is done: drop what was kept for it."""
         ...
 
 
 class PromptLookup:
+    needs_token_prompts = False
+
     def __init__(self, max_n: int, min_n: int):
         self.max_n, self.min_n = max_n, min_n
 
-    def propose(self, seq: Sequence, k: int) -> list[int]:
-        tokens = [*seq.prompt_ids, *seq.output_ids]
+    def propose(self, key: int, tokens: list[int], k: int) -> list[int]:
         for n in range(min(self.max_n, len(tokens) - 1), self.min_n - 1, -1):
             tail = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):  # latest earlier occurrence first
@@ -44,11 +47,13 @@ class PromptLookup:
                     return tokens[start + n : start + n + k]
         return []
 
-    def forget(self, seq: Sequence) -> None:
+    def forget(self, key: int) -> None:
         pass
 
 
 class DraftModel:
+    needs_token_prompts = True  # rows it cannot embed (prompt tables, images)
+
     def __init__(self, model_dir: str, device: torch.device, dtype: torch.dtype):
         self.device = device
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
@@ -57,11 +62,8 @@ class DraftModel:
         self.caches: dict[int, tuple[DynamicCache, list[int]]] = {}
 
     @torch.inference_mode()
-    def propose(self, seq: Sequence, k: int) -> list[int]:
-        if seq.request.prompt_embeds is not None:  # rows it cannot embed (prompt tables, images)
-            return []
-        tokens = [*seq.prompt_ids, *seq.output_ids]
-        cache, held = self.caches.get(seq.key, (None, []))
+    def propose(self, key: int, tokens: list[int], k: int) -> list[int]:
+        cache, held = self.caches.get(key, (None, []))
         common = 0
         for a, b in zip(held, tokens, strict=False):
             if a != b:
@@ -82,8 +84,8 @@ class DraftModel:
             token = int(logits.argmax())
             proposals.append(token)
             feed = [token]
-        self.caches[seq.key] = (cache, held)  # the last proposal is not in the cache yet
+        self.caches[key] = (cache, held)  # the last proposal is not in the cache yet
         return proposals
 
-    def forget(self, seq: Sequence) -> None:
-        self.caches.pop(seq.key, None)
+    def forget(self, key: int) -> None:
+        self.caches.pop(key, None)

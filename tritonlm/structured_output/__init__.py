@@ -10,8 +10,8 @@ or a structural tag, enforced token by token with xgrammar.
 - The mask itself is the last logits processor (`sampling/logits_processors/grammar.py`).
 """
 
-from tritonlm.structured_output.grammars import GUIDE_TYPES, Grammars
+from tritonlm.structured_output.grammars import GUIDE_TYPES, Grammars, Guide
 from tritonlm.structured_output.holder import GrammarHolder
 from tritonlm.structured_output.state import GrammarState
 
-__all__ = ["GUIDE_TYPES", "GrammarHolder", "GrammarState", "Grammars"]
+__all__ = ["GUIDE_TYPES", "GrammarHolder", "GrammarState", "Grammars", "Guide"]

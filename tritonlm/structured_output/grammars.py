@@ -8,14 +8,25 @@ import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import xgrammar as xgr
 
+from tritonlm.contract import GUIDE_TYPES
 from tritonlm.errors import InvalidRequest
-from tritonlm.serving.contract import GUIDE_TYPES
 
 GUIDE_TENSOR = "guided_decoding_guide"  # errors name the tensor; the frontend renames it
+
+
+@dataclass(frozen=True)
+class Guide:
+    """Guided decoding: `type` is one of contract.GUIDE_TYPES; `text` the schema, regex, grammar or
+    structural tag ("" for type json: any JSON object)."""
+
+    type: str
+    text: str = ""
+
 
 # "json" (TensorRT-LLM's JSON mode; OpenAI's json_object): any JSON object.
 _ANY_OBJECT = '{"type": "object"}'

@@ -8,16 +8,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
-from tritonlm.structured_output.grammars import Grammars
+from tritonlm.structured_output.grammars import Grammars, Guide
 from tritonlm.structured_output.state import GrammarState
 
-if TYPE_CHECKING:
-    from tritonlm.engine.request import Guide
-    from tritonlm.sampling.params import SamplingParams
-
 T = TypeVar("T")  # what waits: the engine's Sequence
+
+
+class StopTokens(Protocol):
+    """What the grammar reads of a request's sampling parameters (sampling.params.SamplingParams)."""
+
+    end_id: int
+    stop_token_ids: list[int]
 
 
 class GrammarHolder(Generic[T]):
@@ -39,7 +42,7 @@ class GrammarHolder(Generic[T]):
         self.lock = threading.Lock()
         self.held: dict[int, T] = {}  # id(item) -> item, while its grammar compiles
 
-    def grammar(self, guide: Guide, params: SamplingParams) -> GrammarState:
+    def grammar(self, guide: Guide, params: StopTokens) -> GrammarState:
         """A new sequence's grammar, compiling; the end id and one-token stop words may end it."""
         if self.grammars is None:
             raise RuntimeError("structured output needs the engine's tokenizer")

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from tritonlm import contract
 from tritonlm.errors import InvalidRequest
-from tritonlm.serving import contract
-from tritonlm.serving.request_tensors import RequestTensors, required
+from tritonlm.request_tensors import RequestTensors, required
 from tritonlm.text.stream import TextStream, stop_texts
 from tritonlm.text.tokenization import list_to_words, special_ids, token_texts
 

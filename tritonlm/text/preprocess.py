@@ -17,12 +17,12 @@ from typing import Any
 import jinja2
 import numpy as np
 
+from tritonlm import contract
+from tritonlm.contract import Bounds
 from tritonlm.errors import InvalidRequest, prompt_too_long
 from tritonlm.multimodal.architectures import Placeholder
 from tritonlm.multimodal.placeholders import expand_media
-from tritonlm.serving import contract
-from tritonlm.serving.contract import Bounds
-from tritonlm.serving.request_tensors import RequestTensors, as_text, required
+from tritonlm.request_tensors import RequestTensors, as_text, required
 from tritonlm.text import chat_format
 from tritonlm.text.tokenization import encode_prompt, ids_to_list, render_chat, token_texts, words_to_list
 

@@ -28,7 +28,7 @@ class DecodeWorkspace:
         self.max_rows = max_rows
         self.max_len = max_len
         self.max_bytes = max_bytes
-        self.rows: list[object | None] = [None] * max_rows  # the Sequence in each row
+        self.rows: list[int | None] = [None] * max_rows  # the sequence (its step id) in each row
         self.lengths = [0] * max_rows  # positions held by each row
         self.capacity = 0
         self.keys: dict[int, torch.Tensor] = {}
@@ -48,20 +48,27 @@ class DecodeWorkspace:
         )
 
     def prepare(
-        self, seqs: list, num_new: list[int], block_size: int
+        self,
+        seq_ids: list[int],
+        num_computed: list[int],
+        block_tables: list[list[int]],
+        num_new: list[int],
+        block_size: int,
     ) -> tuple[list[int], list[tuple[int, torch.Tensor]]] | None:
-        """Makes `seqs` (each about to feed `num_new[i]` tokens from position `num_computed`) rows
-        `[0, len)`. Returns the order of `seqs` by row and the rows to fill from the pool during the
-        forward (`SdpaMetadata.workspace_fills`), or None to use the gather path (too much memory)."""
-        wanted = {id(s) for s in seqs}
+        """Makes the sequences `seq_ids` (each about to feed `num_new[i]` tokens from position
+        `num_computed[i]`) rows `[0, len)`. Returns their order by row and the rows to fill from the
+        pool during the forward (`SdpaMetadata.workspace_fills`), or None to use the gather path
+        (too much memory)."""
+        computed = dict(zip(seq_ids, num_computed, strict=True))
         for r, s in enumerate(self.rows):
             if s is None:
                 continue
-            if id(s) not in wanted or self.lengths[r] < s.num_computed:  # not decoding, or behind
+            p = computed.get(s)
+            if p is None or self.lengths[r] < p:  # not decoding, or behind
                 self.rows[r] = None
-            elif self.lengths[r] > s.num_computed:  # rolled back: the positions past it are stale
-                self.lengths[r] = s.num_computed
-        need = max(s.num_computed + n for s, n in zip(seqs, num_new, strict=True))
+            elif self.lengths[r] > p:  # rolled back: the positions past it are stale
+                self.lengths[r] = p
+        need = max(p + n for p, n in zip(num_computed, num_new, strict=True))
         if need > self.capacity:
             capacity = min(-(-need // 256) * 256, max(self.max_len, need))
             if self._bytes(capacity) > self.max_bytes:
@@ -69,7 +76,7 @@ class DecodeWorkspace:
                 self.keys, self.values, self.capacity = {}, {}, 0
                 return None
             self._grow(capacity)
-        batch = len(seqs)
+        batch = len(seq_ids)
         # Keep the used rows dense: move rows from the end into the holes of [0, batch).
         holes = [r for r in range(batch) if self.rows[r] is None]
         movers = [r for r in range(batch, self.max_rows) if self.rows[r] is not None]
@@ -79,21 +86,20 @@ class DecodeWorkspace:
                 pool[hole, :, :n] = pool[mover, :, :n]
             self.rows[hole], self.lengths[hole], self.rows[mover] = self.rows[mover], n, None
         # Sequences new to decoding: a free row, filled from their blocks during the forward.
-        present = {id(s) for s in self.rows if s is not None}
+        present = {s for s in self.rows if s is not None}
         free = iter(r for r in range(batch) if self.rows[r] is None)
         fills = []
-        for s in seqs:
-            if id(s) in present:
+        for s, n, table in zip(seq_ids, num_computed, block_tables, strict=True):
+            if s in present:
                 continue
             r = next(free)
-            n = s.num_computed
             if n:
-                fills.append((r, slots(s.block_table, 0, n, block_size).to(self.cache.device)))
+                fills.append((r, slots(table, 0, n, block_size).to(self.cache.device)))
             self.rows[r] = s
-        row_of = {id(s): r for r, s in enumerate(self.rows) if s is not None}
-        order = sorted(range(batch), key=lambda i: row_of[id(seqs[i])])
+        row_of = {s: r for r, s in enumerate(self.rows) if s is not None}
+        order = sorted(range(batch), key=lambda i: row_of[seq_ids[i]])
         for r, i in enumerate(order):  # after this step's forward every row holds its new positions
-            self.lengths[r] = seqs[i].num_computed + num_new[i]
+            self.lengths[r] = num_computed[i] + num_new[i]
         return order, fills
 
     def fill(self, layer: int, fills: list[tuple[int, torch.Tensor]]) -> None:

@@ -3,11 +3,12 @@
 Attention goes through the backend the `attention_backend` setting picks (`worker/attention`): it
 owns the KV cache and builds each step's attention metadata once, before the forward.
 
-A step feeds each sequence's new tokens (`step_inputs` packs them: a decoding sequence feeds its
+A step (a `StepBatch`: plain data the engine fills; this module never sees the engine's objects)
+feeds each sequence's new tokens (`step_inputs` packs them: a decoding sequence feeds its
 pending token and any proposals, a prefilling one a chunk of its prompt) and returns, per sequence,
 the logits of its last few new tokens (one to sample from; 1 + proposals to verify them) and, for
 prompt logits, those of all of them. A step whose tokens include embedding rows
-(`Request.prompt_embeds`) calls the model with `inputs_embeds`; any other with `input_ids`.
+(`StepBatch.embeds`) calls the model with `inputs_embeds`; any other with `input_ids`.
 
 Three seams meet here: the platform (`tritonlm/platforms`: device, dtype `auto`, memory), the linear
 methods that hold the projections (`worker/linear`, through `worker/fused.py`) and the model paths
@@ -17,15 +18,14 @@ the step, else through transformers' modules."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import torch
 from transformers import AutoConfig
 
 from tritonlm import platforms
 from tritonlm.config import EngineConfig
-from tritonlm.engine.scheduler import SchedulerOutput
 from tritonlm.multimodal.encoder import language_model_class
+from tritonlm.step import ModelOutput, StepBatch
 from tritonlm.worker import attention, fused, model_paths, step_inputs
 from tritonlm.worker.attention.base import LayerShape
 from tritonlm.worker.model_paths.generic import TransformersPath
@@ -33,18 +33,6 @@ from tritonlm.worker.model_paths.generic import TransformersPath
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ModelOutput:
-    # The sampled rows, in the order the sequences were passed: one per sampled sequence when
-    # `logits_rows` is all 0/1 (so [sequences sampled, vocab]); those of seqs[i] are rows
-    # [offsets[i], offsets[i + 1]).
-    logits: torch.Tensor
-    all_logits: dict[int, torch.Tensor]  # index of a `prompt_logits` sequence -> [its new tokens, vocab]
-    offsets: list[int] = field(default_factory=list)
-
-    def logits_of(self, i: int) -> torch.Tensor:
-        """The sampled rows of the i-th sequence, its last new token last."""
-        return self.logits[self.offsets[i] : self.offsets[i + 1]]
 
 
 class ModelRunner:
@@ -105,19 +93,20 @@ class ModelRunner:
         self.attention.reset()
 
     @torch.inference_mode()
-    def execute(self, work: SchedulerOutput) -> ModelOutput:
-        """One packed step: feeds tokens [num_computed, num_computed + num_new[i]) of each sequence
-        (prompt, output, then its `spec_tokens`; their blocks already allocated, the copy-on-write
-        pairs `work.copies` applied first) and returns the logits of the last `num_logits[i]` new
-        tokens of each sequence, plus all logits of the new tokens of each with `prompt_logits[i]`."""
-        seqs, num_new = work.seqs, work.num_new
+    def execute(self, work: StepBatch) -> ModelOutput:
+        """One packed step: feeds each sequence's `token_ids` from position `num_computed` (their
+        blocks already allocated, the copy-on-write pairs `work.copies` applied first) and returns
+        the logits of the last `num_logits[i]` new tokens of each sequence, plus all logits of the
+        new tokens of each with `prompt_logits[i]`."""
+        num_new = work.num_new
         if work.copies:
             self.attention.copy_blocks(work.copies)
-        step = step_inputs.build(seqs, num_new, self.attention)
+        step = step_inputs.build(work, self.attention)
         metadata = self.attention.build_metadata(step.packed)  # once; every layer reads it
         keep, spans, all_rows = _logits_rows(step.order, num_new, work.num_logits, work.prompt_logits)
 
-        adapters = [seqs[i].request.lora for i in step.order]
+        loras = work.loras
+        adapters = [loras[i] for i in step.order]
         ids = self.platform.to_device(step.input_ids)
         embeds = self._embed(ids, step.embed_at, step.embed_rows) if step.embed_at else None
         positions = self.platform.to_device(step.position_ids)
@@ -126,10 +115,10 @@ class ModelRunner:
             path = self.generic
         with self.attention.step(metadata):
             logits = path(ids, embeds, positions, keep, adapters, [num_new[i] for i in step.order])
-        # The sampled rows, in the order of `seqs` (the batch was packed decodes first).
+        # The sampled rows, in the scheduler's order (the batch was packed decodes first).
         select: list[int] = []
         offsets = [0]
-        for i in range(len(seqs)):
+        for i in range(len(num_new)):
             if i in spans:
                 a, b = spans[i]
                 select.extend(range(a, b))

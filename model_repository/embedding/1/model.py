@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from tritonlm import contract
 from tritonlm.embedding import config as embedding_config
 from tritonlm.embedding.embedder import Embedder, with_instruction
 from tritonlm.errors import InvalidRequest
-from tritonlm.serving import contract, stub_process, triton_glue
+from tritonlm.serving import stub_process, triton_glue
 
 
 def _texts(inputs: dict[str, np.ndarray]) -> list[str]:

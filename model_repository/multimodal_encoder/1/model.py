@@ -3,8 +3,9 @@ logic is tritonlm.multimodal.service."""
 
 from __future__ import annotations
 
+from tritonlm import contract
 from tritonlm.multimodal.service import EncoderService
-from tritonlm.serving import contract, stub_process, triton_glue
+from tritonlm.serving import stub_process, triton_glue
 
 
 class TritonPythonModel:

@@ -6,7 +6,8 @@ and requests are handled in arrival order, so a stream's responses are decoded i
 
 from __future__ import annotations
 
-from tritonlm.serving import contract, stub_process, triton_glue
+from tritonlm import contract
+from tritonlm.serving import stub_process, triton_glue
 from tritonlm.text.postprocess import Postprocessor
 from tritonlm.text.tokenization import load_tokenizer
 

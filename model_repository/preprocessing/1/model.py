@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from tritonlm import contract
 from tritonlm.config import checkpoint_vocab_size
 from tritonlm.multimodal.architectures import placeholders
-from tritonlm.serving import contract, stub_process, triton_glue
+from tritonlm.serving import stub_process, triton_glue
 from tritonlm.text.preprocess import Preprocessor
 from tritonlm.text.tokenization import generation_eos_ids, load_tokenizer
 

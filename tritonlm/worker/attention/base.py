@@ -19,15 +19,12 @@ import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
-
-if TYPE_CHECKING:
-    from tritonlm.engine.sequence import Sequence
 
 # A layer's keys as the probe saw them: (kv_heads, head_dim, dtype).
 LayerShape = tuple[int, int, torch.dtype]
@@ -56,11 +53,12 @@ class DecodePlan:
 
 @dataclass
 class PackedStep:
-    """One forward step's tokens as packed, whatever the backend: `seqs[:num_decodes]` decode (their
-    pending token, and any proposals after it), the rest feed one prefill chunk each, in this order.
-    Sequence i feeds positions `[seqs[i].num_computed, seqs[i].num_computed + num_new[i])`."""
+    """One forward step's tokens as packed, whatever the backend: the first `num_decodes` sequences
+    decode (their pending token, and any proposals after it), the rest feed one prefill chunk each,
+    in this order. Sequence i feeds positions `[num_computed[i], num_computed[i] + num_new[i])`."""
 
-    seqs: list[Sequence]
+    num_computed: list[int]
+    block_tables: list[list[int]]
     num_new: list[int]
     num_decodes: int
     position_ids: torch.Tensor  # [tokens], CPU
@@ -115,9 +113,12 @@ class AttentionBackend(ABC):
         fast paths of its own that differ from the reference by rounding."""
 
     # -- one step --------------------------------------------------------------------------------
-    def plan_decodes(self, seqs: list[Sequence], num_new: list[int]) -> DecodePlan:
-        """The packed order of the step's decoding sequences (by default, as scheduled)."""
-        return DecodePlan(list(range(len(seqs))))
+    def plan_decodes(
+        self, seq_ids: list[int], num_computed: list[int], block_tables: list[list[int]], num_new: list[int]
+    ) -> DecodePlan:
+        """The packed order of the step's decoding sequences (by default, as scheduled); `seq_ids`
+        name each sequence the same way every step."""
+        return DecodePlan(list(range(len(seq_ids))))
 
     @abstractmethod
     def build_metadata(self, step: PackedStep) -> object:

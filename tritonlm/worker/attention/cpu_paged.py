@@ -59,11 +59,11 @@ class CpuPagedBackend(SdpaBackend):
         self.cache.allocate(num_blocks, shapes)  # no decode workspace: the kernel reads the blocks
 
     def build_metadata(self, step: PackedStep) -> PagedMetadata:
-        seqs, widths = step.seqs, step.num_new
+        widths = step.num_new
         blocks = -(-(int(step.position_ids.max()) + 1) // self.block_size)
-        table = [s.block_table[:blocks] + [0] * (blocks - len(s.block_table[:blocks])) for s in seqs]
-        row_seq = torch.arange(len(seqs), dtype=torch.int32)
-        if len(step.position_ids) != len(seqs):  # a sequence feeding several tokens: one row each
+        table = [t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in step.block_tables]
+        row_seq = torch.arange(len(widths), dtype=torch.int32)
+        if len(step.position_ids) != len(widths):  # a sequence feeding several tokens: one row each
             row_seq = torch.repeat_interleave(row_seq, torch.tensor(widths))
         return PagedMetadata(
             slot_mapping=step.slot_mapping,

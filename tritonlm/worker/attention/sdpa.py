@@ -17,8 +17,6 @@ query length (`fold_gqa`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
@@ -27,9 +25,6 @@ from tritonlm.worker.attention.base import AttentionBackend, DecodePlan, LayerSh
 from tritonlm.worker.attention.sdpa_metadata import SdpaMetadata
 from tritonlm.worker.decode_workspace import DecodeWorkspace
 from tritonlm.worker.kv_cache import PagedKVCache
-
-if TYPE_CHECKING:
-    from tritonlm.engine.sequence import Sequence
 
 
 class SdpaBackend(AttentionBackend):
@@ -70,11 +65,15 @@ class SdpaBackend(AttentionBackend):
         self.fold_gqa = True
 
     # -- one step --------------------------------------------------------------------------------
-    def plan_decodes(self, seqs: list[Sequence], num_new: list[int]) -> DecodePlan:
+    def plan_decodes(
+        self, seq_ids: list[int], num_computed: list[int], block_tables: list[list[int]], num_new: list[int]
+    ) -> DecodePlan:
         """In workspace row order, when the decodes read the workspace (its rows to fill as state)."""
-        plan = self.workspace.prepare(seqs, num_new, self.block_size) if self.workspace and seqs else None
+        plan = None
+        if self.workspace and seq_ids:
+            plan = self.workspace.prepare(seq_ids, num_computed, block_tables, num_new, self.block_size)
         if plan is None:
-            return DecodePlan(list(range(len(seqs))))
+            return DecodePlan(list(range(len(seq_ids))))
         order, fills = plan
         return DecodePlan(order, fills)
 

@@ -73,14 +73,15 @@ def build(
     n = step.num_decodes
     parts: list[PrefillPart] = []
     offset = sum(step.num_new[:n])
-    for seq, length in zip(step.seqs[n:], step.num_new[n:], strict=True):
-        start = seq.num_computed
+    for start, table, length in zip(
+        step.num_computed[n:], step.block_tables[n:], step.num_new[n:], strict=True
+    ):
         if start == 0:
             parts.append(PrefillPart(offset, length, 0, None, None))
         else:
             pos = torch.arange(start + length)
             mask = pos[None, :] <= pos[start:, None]
-            all_slots = slots(seq.block_table, 0, start + length, bs)
+            all_slots = slots(table, 0, start + length, bs)
             parts.append(PrefillPart(offset, length, start, all_slots.to(device), mask.to(device)))
         offset += length
     return SdpaMetadata(
@@ -96,8 +97,8 @@ def _decode_fields(step: PackedStep, on_workspace: bool, cache: PagedKVCache) ->
     """The fields of the decoding sequences: what their batched attention reads."""
     device, bs = cache.device, cache.block_size
     n = step.num_decodes
-    seqs, widths = step.seqs[:n], step.num_new[:n]
-    lengths = [s.num_computed + k for s, k in zip(seqs, widths, strict=True)]
+    tables, widths = step.block_tables[:n], step.num_new[:n]
+    lengths = [p + k for p, k in zip(step.num_computed[:n], widths, strict=True)]
     decode_slots = decode_mask = decode_positions = queries = valid = None
     longest = max(lengths, default=0)
     num_tokens = sum(widths)
@@ -110,9 +111,7 @@ def _decode_fields(step: PackedStep, on_workspace: bool, cache: PagedKVCache) ->
         decode_positions = step.position_ids[:num_tokens].to(device)
     elif n:
         width = -(-longest // bs)
-        table = torch.tensor(
-            [s.block_table[:width] + [cache.num_blocks] * (width - len(s.block_table[:width])) for s in seqs]
-        )
+        table = torch.tensor([t[:width] + [cache.num_blocks] * (width - len(t[:width])) for t in tables])
         decode_slots = (table[:, :, None] * bs + torch.arange(bs)).reshape(n, -1)[:, :longest]
         if valid is not None:
             decode_slots = decode_slots.masked_fill(~valid, cache.null_slot)

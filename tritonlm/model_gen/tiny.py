@@ -5,7 +5,7 @@ files byte for byte, so tests can compare generations exactly. The tokenizer is 
 trained on `corpus/` (English, code, Chinese, Japanese, emoji) so that streaming has to deal with
 characters split across tokens, and the chat template covers system/user/assistant/tool turns.
 
-    python -m tritonlm.tiny_model OUT_DIR [--force] [--seed N] [--size tiny|bench|draft]
+    python -m tritonlm.model_gen.tiny OUT_DIR [--force] [--seed N] [--size tiny|bench|draft]
 
 `--size bench` builds the same kind of model at about 30M parameters (same tokenizer) for
 `make bench`; its EOS logits are pinned to 0 so greedy decoding never stops early (see SIZES).
@@ -25,7 +25,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-CORPUS_DIR = Path(__file__).resolve().parent.parent / "corpus"
+CORPUS_DIR = Path(__file__).resolve().parents[2] / "corpus"
 VOCAB_SIZE = 4096
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"

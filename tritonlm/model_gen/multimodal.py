@@ -1,6 +1,6 @@
 """Tiny random-weight multimodal checkpoints for tests, built offline and deterministically.
 
-    python -m tritonlm.multimodal.checkpoints OUT_DIR {llava,llava_onevision,qwen2_audio} [--seed N]
+    python -m tritonlm.model_gen.multimodal OUT_DIR {llava,llava_onevision,qwen2_audio} [--seed N]
 
 Each directory is what `save_pretrained` writes for the model and its processor, so the server and
 transformers load it the same way. The tokenizer is the tiny model's (trained on `corpus/`)
@@ -37,8 +37,8 @@ from transformers import (
 )
 from transformers.utils import logging as hf_logging
 
+from tritonlm.model_gen.tiny import CHAT_TEMPLATE, IM_END, corpus_texts, train_tokenizer
 from tritonlm.multimodal.onevision import VIDEO_PROCESSOR_DEFAULTS, OnevisionProcessor
-from tritonlm.tiny_model import CHAT_TEMPLATE, IM_END, corpus_texts, train_tokenizer
 
 # The default template keeps only text parts; media parts become their placeholder token here.
 MEDIA_PART = (

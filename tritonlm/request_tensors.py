@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from tritonlm.contract import Bounds, Tensor
 from tritonlm.errors import InvalidRequest
-from tritonlm.serving.contract import Bounds, Tensor
 
 
 def required(name: str) -> InvalidRequest:
@@ -128,3 +128,14 @@ class RequestTensors:
         if bounds is not None and not bounds.admit(value):
             raise InvalidRequest(f"{self.named(name)} must be {_allowed(bounds)}, got {value}")
         return value
+
+
+def check_table_shape(table: np.ndarray, hidden_size: int | None, min_rows: int = 1) -> None:
+    """A client's `prompt_embedding_table`, wherever it is read (the engine, the multimodal
+    encoder): [1, rows, hidden] with the model's hidden size (None: not known here)."""
+    name = "prompt_embedding_table"
+    if table.ndim != 3 or table.shape[0] != 1 or table.shape[1] < min_rows:
+        raise InvalidRequest(f"{name}: expected shape [1, rows, hidden], got {list(table.shape)}")
+    if hidden_size is not None and table.shape[2] != hidden_size:
+        got = table.shape[2]
+        raise InvalidRequest(f"{name}: rows must have the model's hidden size {hidden_size}, got {got}")

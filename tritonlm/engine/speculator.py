@@ -46,9 +46,9 @@ class Speculator:
             request = seq.request
             room = min(request.max_new_tokens - len(seq.output_ids), self.max_seq_len - seq.num_tokens) - 1
             k = min(self.k, room)
-            if k <= 0:
+            if k <= 0 or (self.proposer.needs_token_prompts and request.prompt_embeds is not None):
                 continue
-            proposals = self.proposer.propose(seq, k)[:k]
+            proposals = self.proposer.propose(seq.key, [*seq.prompt_ids, *seq.output_ids], k)[:k]
             for j, token in enumerate(proposals):  # only real tokens can be fed
                 if not 0 <= token < self.vocab_size:
                     proposals = proposals[:j]
@@ -56,4 +56,4 @@ class Speculator:
             seq.spec_tokens = proposals
 
     def forget(self, seq: Sequence) -> None:
-        self.proposer.forget(seq)
+        self.proposer.forget(seq.key)
