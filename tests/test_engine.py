@@ -262,7 +262,7 @@ def test_other_decoders_work_through_the_attention_interface(arch, tmp_path):
     runner = ModelRunner(
         EngineConfig(str(tmp_path), dtype="float32", max_num_seqs=4, max_num_batched_tokens=16, block_size=4)
     )
-    assert runner.stack is None  # not Llama's forward: transformers' modules run it
+    assert runner.fast_path is None  # not Llama's forward: transformers' modules run it
     prompts = [[3, 4, 5], list(range(10, 40)), [7] * 9]
     _, seqs = run_all(runner, [request(p, 10, SamplingParams()) for p in prompts])
     assert [s.output_ids for s in seqs] == [generate(model, p, 10) for p in prompts]

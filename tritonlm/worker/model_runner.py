@@ -33,8 +33,6 @@ from tritonlm.worker.model_paths.generic import TransformersPath
 log = logging.getLogger(__name__)
 
 
-
-
 class ModelRunner:
     def __init__(self, config: EngineConfig):
         config = config.resolved()
