@@ -23,7 +23,7 @@ Results: the projections are bitwise equal to `F.linear` in bf16 (both oneDNN) a
 MKL's sgemm in fp32 by summation order (a few 1e-6 per projection; fp32 greedy tokens unchanged);
 the folded attention differs from SDPA's GQA path by bf16 rounding (one unit in the last place of
 some outputs, equally far from an fp32 reference), so bf16 greedy runs may part at near-ties, as two
-batch sizes do (tests/test_bfloat16.py's tolerance). Only on CPU and for float32/bfloat16; the
+batch sizes do (tests/worker/test_bfloat16.py's tolerance). Only on CPU and for float32/bfloat16; the
 model's other modules are untouched. The replaced projections'
 own weights are dropped (the packed copy replaces them); the LM head keeps its weight (it may be
 tied to the input embeddings).
