@@ -1,5 +1,6 @@
 # Two commands from a fresh clone: `make run` serves the default model (SmolLM2-135M-Instruct;
-# `make run MODEL=tiny` the tiny generated one), `make test` runs every test.
+# `make run MODEL=tiny` the tiny generated one), `make test` runs every test (`make test-unit`: the
+# fast lane, without the end-to-end tests).
 VENV ?= .venv
 VLLM_VENV ?= .venv-vllm
 export MODEL
@@ -7,7 +8,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
 
-.PHONY: run test setup model configs lint format clean bench soak fuzz
+.PHONY: run test test-unit setup model configs lint format clean bench soak fuzz
 
 run: setup
 	$(PY) -m launcher
@@ -27,6 +28,13 @@ test: setup
 	$(PY) -m ruff check .
 	$(PY) -m tritonlm.serving.pbtxt --check
 	$(PY) -m pytest -q
+
+# The fast lane: the same checks and every test but the end-to-end ones (marked `e2e` by
+# tests/conftest.py: tests/e2e/ and any test on a server fixture), so no tritonserver and no frontend.
+test-unit: setup
+	$(PY) -m ruff check .
+	$(PY) -m tritonlm.serving.pbtxt --check
+	$(PY) -m pytest -q -m "not e2e"
 
 # The venv, the project with its pinned dependencies (nvidia-pytriton only when no tritonserver is
 # on PATH: it bundles the server binary and the Python-backend stub; the official container has its

@@ -7,7 +7,7 @@ and every status must be one the OpenAPI documents.
 
 Generation is capped by the engine's `max_seq_len` (`--max-seq-len`, 256 by default), so requests
 that ask for "as many tokens as fit" stay short. `make test` runs a bounded version of the same
-check (tests/test_ops.py).
+check (tests/e2e/test_ops.py).
 """
 
 from __future__ import annotations

@@ -169,6 +169,19 @@ def multimodal_servers(multimodal_checkpoints, multimodal_media) -> Iterator:
         yield get
 
 
+# Fixtures that start tritonserver and/or a frontend. Every test under tests/e2e/ is end to end; a
+# test elsewhere is too when it uses one of these, directly or through another fixture.
+E2E_DIR = Path(__file__).parent / "e2e"
+SERVER_FIXTURES = frozenset({"servers", "multimodal_servers", "short_context"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the end-to-end tests `e2e`, so that `make test-unit` (`-m "not e2e"`) leaves them out."""
+    for item in items:
+        if E2E_DIR in item.path.parents or SERVER_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.e2e)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """`attention_backend`: each attention backend available on this machine's default device, so
     the parity tests that take it run on every one (loaded only where a test asks)."""

@@ -51,7 +51,7 @@ def sequence(
 def reference_model(model_dir: object, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """transformers' model with the projections the engine runs by default (`fuse_projections`):
     logits compared at float32 noise (1e-4) need the same matrix multiplies on both sides, since
-    oneDNN's pre-packed sgemm sums in another order than MKL's (tests/test_fused.py compares the two)."""
+    oneDNN's pre-packed sgemm sums in another order than MKL's (test_fused.py compares the two)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     fused.fuse(model)
     return model

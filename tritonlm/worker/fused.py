@@ -21,8 +21,8 @@ and each call costs about as much in fixed overhead as in arithmetic. Here, once
 
 Results: the folded attention differs from SDPA's GQA path by bf16 rounding (one unit in the last
 place of some outputs, equally far from an fp32 reference), so bf16 greedy runs may part at
-near-ties, as two batch sizes do (tests/test_bfloat16.py's tolerance); the projections are as exact
-as their method (`linear/onednn.py`). The model's other modules are untouched. The replaced
+near-ties, as two batch sizes do (tests/worker/test_bfloat16.py's tolerance); the projections are
+as exact as their method (`linear/onednn.py`). The model's other modules are untouched. The replaced
 projections' own weights are dropped (the projection holds its own form of them); the LM head keeps
 its weight (it may be tied to the input embeddings).
 """

@@ -12,8 +12,8 @@ cost as much as a fifth of the step, more while serving shares the cores. Here a
 on the same modules and weights: `fused`'s projections (by their linear methods), the backend's
 `forward` (the seam is unchanged: it writes the layer's keys and values and attends), and the C++
 kernels (`rotary`, `add_rms_norm`, `silu_and_mul`), which round where transformers rounds, so the
-logits are those of the module path bitwise (tests/test_llama_stack.py). The final norm and the LM
-head run on the rows whose logits are kept only.
+logits are those of the module path bitwise (tests/worker/test_llama_stack.py). The final norm and
+the LM head run on the rows whose logits are kept only.
 
 `LlamaStack.build` builds one only for a model that is Llama's exactly: the forwards of its classes
 are Llama's by source (`fused.same_forward`), every projection and norm was fused and the kernels run

@@ -1,31 +1,23 @@
-"""The real default model, SmolLM2-135M-Instruct (converted by `make setup`), end to end: a chat
-answer that makes sense, and served greedy output equal to transformers `generate` under
-concurrency. Few and short: each token costs ~65 ms on a 2-core CPU."""
+"""The real default model, SmolLM2-135M-Instruct (converted by `make setup`), end to end on the
+package's servers (conftest.py: beside the tiny model): a chat answer that makes sense, and served
+greedy output equal to transformers `generate` under concurrency. Few and short: each token costs
+~65 ms on a 2-core CPU."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
-import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.conftest import Servers, running_servers
-from tritonlm import smollm2
+from tests.conftest import Servers
+
+from . import API_KEY, USER
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]
 NEW_TOKENS = 10
-
-
-@pytest.fixture(scope="module")
-def real() -> Iterator[Servers]:
-    # A small KV cache: the default sizing (a share of free memory) is for serving, not for tests.
-    settings = {"TRITONLM_KV_CACHE_BLOCKS": "256", "TRITONLM_MAX_SEQ_LEN": "1024"}
-    with running_servers(smollm2.convert(), settings) as started:
-        yield started
 
 
 def test_chat_answers_the_question(real: Servers) -> None:
@@ -35,7 +27,7 @@ def test_chat_answers_the_question(real: Servers) -> None:
         "max_tokens": 16,
         "temperature": 0,
     }
-    response = httpx.post(f"{real.frontend_url}/v1/chat/completions", json=body, timeout=120)
+    response = httpx.post(f"{real.frontend_url}/v1/chat/completions", json=body, headers=USER, timeout=120)
     assert response.status_code == 200, response.text
     assert "Paris" in response.json()["choices"][0]["message"]["content"]
 
@@ -43,7 +35,7 @@ def test_chat_answers_the_question(real: Servers) -> None:
 def test_served_greedy_equals_transformers_generate(real: Servers) -> None:
     def served(prompt: str) -> list[int]:
         body = {"inputs": prompt, "parameters": {"max_new_tokens": NEW_TOKENS, "details": True}}
-        response = httpx.post(f"{real.frontend_url}/", json=body, timeout=120)
+        response = httpx.post(f"{real.frontend_url}/", json=body, headers=USER, timeout=120)
         assert response.status_code == 200, response.text
         return [token["id"] for token in response.json()[0]["details"]["tokens"]]
 
@@ -73,7 +65,7 @@ def test_a_required_tool_call_names_the_tool_with_paris(real: Servers) -> None:
             },
         },
     }
-    client = openai.OpenAI(base_url=real.frontend_url + "/v1", api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=real.frontend_url + "/v1", api_key=API_KEY, max_retries=0)
     reply = client.chat.completions.create(
         model=real.model_name,
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
@@ -90,7 +82,7 @@ def test_a_required_tool_call_names_the_tool_with_paris(real: Servers) -> None:
 def test_a_final_answer_after_a_tool_round_with_tool_choice_none(real: Servers) -> None:
     """What agents send to force an answer: the call, its result, and tool_choice none. SmolLM2's
     template knows no tools, so the round is written into the conversation as text."""
-    client = openai.OpenAI(base_url=real.frontend_url + "/v1", api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=real.frontend_url + "/v1", api_key=API_KEY, max_retries=0)
     call = {
         "id": "call_1",
         "type": "function",

@@ -1,7 +1,7 @@
 """`TRITON_REPLICAS=2` through the launcher: two tritonservers behind one routing frontend. Load
 spreads over both, a shared long prefix stays on one (and hits its prefix cache), and a replica
 SIGKILLed under streamed load costs no stream: the ones it had started are resumed on the other
-replica (tests/test_failover.py has the rules); it comes back and takes load."""
+replica (tests/engine/test_failover.py has the rules); it comes back and takes load."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 sent (`resume_output_len`) exactly as the first engine would have gone on (greedy and seeded draws,
 penalties, text, stop strings, the guide), the counter-based draws, and the router's resume over
 fake replicas. The end-to-end test (two tritonservers, one SIGKILLed under 40 streams) is in
-tests/test_replicas.py."""
+tests/e2e/test_replicas.py."""
 
 from __future__ import annotations
 

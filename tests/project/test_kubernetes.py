@@ -13,7 +13,7 @@ import yaml
 
 from frontend.routing.router import parse_urls
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 KUBERNETES = "1.30.0"
 OVERLAYS = ("cpu", "gpu")
 # Custom resources have no schema in kubernetes-validate; their operator's group is checked by hand.

@@ -1,16 +1,15 @@
 """The Llama stack (tritonlm/worker/model_paths/llama_stack.py): a step without LoRA adapters goes through it,
 and its logits are those of transformers' modules bitwise, in both dtypes, on every attention
 backend, over steps that mix prefill chunks, decodes and prompt logits; a model that is not
-exactly Llama's (tests/test_engine.py's Qwen2 and GPT-2), a runner without fused projections and a
+exactly Llama's (tests/engine/test_engine.py's Qwen2 and GPT-2), a runner without fused projections and a
 CPU without the kernels keep transformers' path, and so does a step with a LoRA adapter (whose
-hooks sit on the projection modules: tests/test_lora.py compares its tokens with a merged model)."""
+hooks sit on the projection modules: tests/engine/test_lora.py compares its tokens with a merged model)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import request
-from test_engine import run_all
+from engine_helpers import request, run_all
 
 from tritonlm.config import EngineConfig
 from tritonlm.sampling.params import SamplingParams

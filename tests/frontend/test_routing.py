@@ -125,7 +125,7 @@ def test_router_retries_a_request_whose_replica_died_before_the_first_response()
 
 
 def test_a_started_stream_that_cannot_be_resumed_ends_with_the_error_and_nothing_is_retried():
-    # Streams that can be resumed on another replica are tests/test_failover.py's.
+    # Streams that can be resumed on another replica are tests/engine/test_failover.py's.
     replicas = {"s1:1": FakeReplica("s1", fail_after=1), "s2:1": FakeReplica("s2", fail_after=1)}
     router = _router(replicas)
 

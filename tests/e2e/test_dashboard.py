@@ -21,7 +21,7 @@ from conftest import free_port
 
 import launcher
 
-MONITORING = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "monitoring"
+MONITORING = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "monitoring"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
 # PromQL words that are neither metrics nor functions (those are followed by "(").
 _KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring"}

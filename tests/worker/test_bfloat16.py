@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_helpers import request
-from test_engine import run_all
+from engine_helpers import request, run_all
 from transformers import AutoModelForCausalLM
 
 from tritonlm.config import EngineConfig

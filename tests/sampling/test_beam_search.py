@@ -5,8 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-from engine_helpers import request
-from test_engine import run_all
+from engine_helpers import request, run_all
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tritonlm.config import EngineConfig

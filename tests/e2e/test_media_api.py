@@ -249,7 +249,7 @@ def test_malformed_parts_name_the_field(frontends, api):
 
 # ---------------------------------------------------------------------------------------------
 # Requests that pass: a real tritonserver serving the Llava checkpoint. Fidelity per source, audio,
-# video, batching and usage: tests/test_multimodal_http.py; here, every API's route and shape.
+# video, batching and usage: tests/e2e/test_multimodal_http.py; here, every API's route and shape.
 
 
 @pytest.mark.parametrize("api", APIS)

@@ -80,6 +80,7 @@ def test_speculative_settings_are_checked():
             replace(EngineConfig(), **settings)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("proposer", ["[ngram]", "draft model"])
 def test_speculation_through_tritonserver(model_dir, draft_dir, plain, proposer):
     speculative_model = proposer if proposer == "[ngram]" else str(draft_dir)

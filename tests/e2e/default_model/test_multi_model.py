@@ -1,50 +1,27 @@
 """Several generative models in one tritonserver (MODEL_DIRS), end to end: SmolLM2-135M-Instruct and
 the tiny model served at once, interleaved concurrent requests on both each equal to that model's
-own greedy output (transformers `generate`, which the model served alone equals: test_real_model);
+own greedy output (transformers `generate`; test_real_model checks SmolLM2's more closely);
 an unknown model named in a 404; and a model loaded, used, unloaded and loaded again at run time
 through the admin routes while requests on the other models keep running, none failing."""
 
 from __future__ import annotations
 
 import functools
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import launcher
-from tests.conftest import Servers, running_servers
-from tritonlm import smollm2
+from tests.conftest import Servers
 
-ADMIN_KEY = "admin-secret"
-API_KEY = "user-key"
+from . import ADMIN, USER
+
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 NEW_TOKENS = 8
-USER = {"Authorization": f"Bearer {API_KEY}"}
-ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
-
-
-@pytest.fixture(scope="module")
-def two() -> Iterator[tuple[Servers, dict[str, Path]]]:
-    dirs = {"smollm2": smollm2.convert(), "tiny": launcher.TINY_MODEL_DIR}
-    settings = {
-        "MODEL_DIRS": ",".join(f"{name}={path}" for name, path in dirs.items()),
-        "MODEL_REPOSITORY": tempfile.mkdtemp(prefix="tritonlm-repository-"),
-        "ADMIN_API_KEY": ADMIN_KEY,
-        "API_KEY": API_KEY,
-        # Small KV caches: the default sizing (a share of free memory) is for serving, not tests.
-        "TRITONLM_KV_CACHE_BLOCKS": "128",
-        "TRITONLM_MAX_SEQ_LEN": "512",
-    }
-    with running_servers(dirs["smollm2"], settings) as started:
-        yield started, dirs
 
 
 def complete(servers: Servers, model: str, prompt: str, max_tokens: int = NEW_TOKENS) -> httpx.Response:

@@ -1,5 +1,5 @@
 """Several models' naming, KV shares and the repository the launcher writes for them (no server:
-tests/test_multi_model.py runs them)."""
+tests/e2e/default_model/test_multi_model.py runs them)."""
 
 from __future__ import annotations
 

@@ -275,7 +275,7 @@ def test_chat_api_allows_openai_chats_larger_image(jobs):
 
 
 # ---------------------------------------------------------------------------------------------
-# Refusals in each API's format (the server-level ones: tests/test_media_api.py)
+# Refusals in each API's format (the server-level ones: tests/e2e/test_media_api.py)
 
 
 def openai_error(r) -> dict:

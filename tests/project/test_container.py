@@ -21,7 +21,7 @@ import launcher
 from frontend.config import FrontendConfig
 from tritonlm import setup, smollm2
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 BASE = ROOT / "deploy" / "kubernetes" / "base"
 # The steps set-up does; neither the Makefile nor the Dockerfile may do one of them itself.

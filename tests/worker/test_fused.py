@@ -8,8 +8,7 @@ import copy
 
 import pytest
 import torch
-from engine_helpers import request
-from test_engine import run_all
+from engine_helpers import request, run_all
 from torch import nn
 from transformers import AutoModelForCausalLM
 

@@ -1,0 +1,41 @@
+"""The one server set of this package: a SmolLM2 server costs the most to start, so the multi-model
+tests and the real-model tests share it (package scope: stopped after the package's last test)."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import launcher
+from tests.conftest import Servers, running_servers
+from tritonlm import smollm2
+
+from . import ADMIN_KEY, API_KEY
+
+
+@pytest.fixture(scope="package")
+def two() -> Iterator[tuple[Servers, dict[str, Path]]]:
+    """SmolLM2 (the default model, "smollm2") and the tiny model ("tiny") served at once (MODEL_DIRS)."""
+    dirs = {"smollm2": smollm2.convert(), "tiny": launcher.TINY_MODEL_DIR}
+    settings = {
+        "MODEL_DIRS": ",".join(f"{name}={path}" for name, path in dirs.items()),
+        "MODEL_REPOSITORY": tempfile.mkdtemp(prefix="tritonlm-repository-"),
+        "ADMIN_API_KEY": ADMIN_KEY,
+        "API_KEY": API_KEY,
+        # Small KV caches: the default sizing (a share of free memory) is for serving, not tests.
+        "TRITONLM_KV_CACHE_BLOCKS": "256",
+        "TRITONLM_MAX_SEQ_LEN": "1024",
+    }
+    with running_servers(dirs["smollm2"], settings) as started:
+        yield started, dirs
+
+
+@pytest.fixture(scope="package")
+def real(two) -> Servers:
+    """The same servers, as seen by the tests of SmolLM2 alone: its served name (requests need USER)."""
+    servers, _ = two
+    return dataclasses.replace(servers, model_name="smollm2")
