@@ -28,6 +28,7 @@ from tritonlm.multimodal.encoder import language_model_class
 from tritonlm.step import ModelOutput, StepBatch
 from tritonlm.worker import attention, fused, model_paths, step_inputs
 from tritonlm.worker.attention.base import LayerShape
+from tritonlm.worker.model_paths.base import ForwardInputs
 from tritonlm.worker.model_paths.generic import TransformersPath
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,8 @@ class ModelRunner:
         if path is None or (not path.runs_lora and any(adapters)):
             path = self.generic
         with self.attention.step(metadata):
-            logits = path(ids, embeds, positions, keep, adapters, [num_new[i] for i in step.order])
+            rows = [num_new[i] for i in step.order]
+            logits = path(ForwardInputs(ids, embeds, positions, keep, adapters, rows))
         # The sampled rows, in the scheduler's order (the batch was packed decodes first).
         select: list[int] = []
         offsets = [0]

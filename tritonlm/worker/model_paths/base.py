@@ -10,12 +10,27 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from tritonlm.platforms.base import Platform
 from tritonlm.worker.attention.base import AttentionBackend
+
+
+@dataclass
+class ForwardInputs:
+    """One packed step's inputs: token ids `[tokens]` (or their `embeds` `[tokens, hidden]`) at
+    `positions` `[tokens]`, the packed tokens whose logits are wanted (`keep`), and per packed
+    sequence i its `rows[i]` tokens' LoRA adapter `adapters[i]` (None: none)."""
+
+    input_ids: torch.Tensor
+    embeds: torch.Tensor | None
+    positions: torch.Tensor
+    keep: list[int]
+    adapters: Sequence[object | None]
+    rows: Sequence[int]
 
 
 class ModelPath(ABC):
@@ -30,15 +45,5 @@ class ModelPath(ABC):
         """The path over `model` (loaded, fused where the platform fuses), or why it cannot run it."""
 
     @abstractmethod
-    def __call__(
-        self,
-        input_ids: torch.Tensor,
-        embeds: torch.Tensor | None,
-        positions: torch.Tensor,
-        keep: list[int],
-        adapters: Sequence[object | None],
-        rows: Sequence[int],
-    ) -> torch.Tensor:
-        """The logits `[len(keep), vocab]` of packed tokens `keep`, for `input_ids` `[tokens]` (or their
-        `embeds` `[tokens, hidden]`) at `positions` `[tokens]`, inside the attention backend's `step`.
-        Packed sequence i feeds `rows[i]` tokens with LoRA adapter `adapters[i]` (None: none)."""
+    def __call__(self, inputs: ForwardInputs) -> torch.Tensor:
+        """The logits `[len(inputs.keep), vocab]`, inside the attention backend's `step`."""

@@ -3,15 +3,13 @@ transformers calls (`AttentionBackend.register`), LoRA through the projection ho
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import nn
 
 from tritonlm.lora.layers import LoraLayers
 from tritonlm.platforms.base import Platform
 from tritonlm.worker.attention.base import AttentionBackend
-from tritonlm.worker.model_paths.base import ModelPath
+from tritonlm.worker.model_paths.base import ForwardInputs, ModelPath
 
 
 class TransformersPath(ModelPath):
@@ -27,20 +25,16 @@ class TransformersPath(ModelPath):
     def build(cls, model: nn.Module, attention: AttentionBackend, platform: Platform) -> ModelPath | str:
         return cls(model, platform.device)
 
-    def __call__(
-        self,
-        input_ids: torch.Tensor,
-        embeds: torch.Tensor | None,
-        positions: torch.Tensor,
-        keep: list[int],
-        adapters: Sequence[object | None],
-        rows: Sequence[int],
-    ) -> torch.Tensor:
-        inputs = {"input_ids": input_ids[None]} if embeds is None else {"inputs_embeds": embeds[None]}
-        with self.lora.step(adapters, rows, self.device):
+    def __call__(self, inputs: ForwardInputs) -> torch.Tensor:
+        if inputs.embeds is None:
+            fed = {"input_ids": inputs.input_ids[None]}
+        else:
+            fed = {"inputs_embeds": inputs.embeds[None]}
+        keep = inputs.keep
+        with self.lora.step(inputs.adapters, inputs.rows, self.device):
             out = self.model(
-                **inputs,
-                position_ids=positions[None],
+                **fed,
+                position_ids=inputs.positions[None],
                 use_cache=False,
                 logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
             )

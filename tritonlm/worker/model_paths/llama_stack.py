@@ -23,7 +23,6 @@ it for steps without LoRA adapters, whose hooks sit on the projection modules th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +33,7 @@ from tritonlm.platforms.base import Platform
 from tritonlm.worker import cpu_kernels, fused
 from tritonlm.worker.attention.base import AttentionBackend
 from tritonlm.worker.linear import Projection
-from tritonlm.worker.model_paths.base import ModelPath
+from tritonlm.worker.model_paths.base import ForwardInputs, ModelPath
 
 
 @dataclass
@@ -146,17 +145,10 @@ class LlamaStack(ModelPath):
             return "a layer is not Llama's fused layer"
         return cls(model, attention, layers, norms, final)
 
-    def __call__(
-        self,
-        input_ids: torch.Tensor,
-        embeds: torch.Tensor | None,
-        positions: torch.Tensor,
-        keep: list[int],
-        adapters: Sequence[object | None] = (),
-        rows: Sequence[int] = (),
-    ) -> torch.Tensor:
-        """`ModelPath.__call__`, for steps without adapters; `embeds` is consumed (the residual
-        stream is summed into it)."""
+    def __call__(self, inputs: ForwardInputs) -> torch.Tensor:
+        """`ModelPath.__call__`, for steps without adapters; `inputs.embeds` is consumed (the
+        residual stream is summed into it)."""
+        input_ids, embeds, positions, keep = inputs.input_ids, inputs.embeds, inputs.positions, inputs.keep
         residual = self.embed(input_ids) if embeds is None else embeds
         cos, sin = (t[0] for t in self.rotary(residual[None], positions[None]))
         x = torch.empty_like(residual)
