@@ -30,16 +30,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def model_dir() -> Path:
-    """The tiny model, generated once (deterministic, so reusing models/tiny is safe)."""
-    if os.environ.get("MODEL_DIR"):
-        return Path(os.environ["MODEL_DIR"])
+def tiny_model() -> Path:
+    """The tiny model, generated at first use (deterministic, so reusing models/tiny is safe)."""
     if not (launcher.TINY_MODEL_DIR / "config.json").exists():
         from tritonlm.model_gen.tiny import generate
 
         generate(launcher.TINY_MODEL_DIR)
     return launcher.TINY_MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The model most tests serve: MODEL_DIR, else the tiny model."""
+    if os.environ.get("MODEL_DIR"):
+        return Path(os.environ["MODEL_DIR"])
+    return tiny_model()
 
 
 @dataclass

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import launcher
-from tests.conftest import Servers, running_servers
+from tests.conftest import Servers, running_servers, tiny_model
 from tritonlm import smollm2
 
 from . import ADMIN_KEY, API_KEY
@@ -20,7 +19,8 @@ from . import ADMIN_KEY, API_KEY
 @pytest.fixture(scope="package")
 def two() -> Iterator[tuple[Servers, dict[str, Path]]]:
     """SmolLM2 (the default model, "smollm2") and the tiny model ("tiny") served at once (MODEL_DIRS)."""
-    dirs = {"smollm2": smollm2.convert(), "tiny": launcher.TINY_MODEL_DIR}
+    # The tiny model too may not exist yet: these are a clean clone's first tests.
+    dirs = {"smollm2": smollm2.convert(), "tiny": tiny_model()}
     settings = {
         "MODEL_DIRS": ",".join(f"{name}={path}" for name, path in dirs.items()),
         "MODEL_REPOSITORY": tempfile.mkdtemp(prefix="tritonlm-repository-"),
