@@ -220,11 +220,11 @@ class Sequence:
             return self.output_ids[start - n : end - n]
         return [*prompt[start:], *self.output_ids[: end - n]]
 
-    def sampler_input(self, proposals: list[int] | None = None) -> SamplerInput:
-        """What the sampler sees; with `proposals`, as if they followed the output (the prefix a
-        verification row sees)."""
-        output = [*self.output_ids, *proposals] if proposals else self.output_ids
-        return SamplerInput(self.params, self.request.prompt_ids, output, self.random_key, self.grammar)
+    def sampler_input(self) -> SamplerInput:
+        """What the sampler sees (a verification row: `SamplerInput.followed_by`)."""
+        return SamplerInput(
+            self.params, self.request.prompt_ids, self.output_ids, self.random_key, self.grammar
+        )
 
 
 def text_stream(request: Request, tokenizer: Any) -> TextStream | None:

@@ -112,13 +112,7 @@ class SamplingMetadata:
 def _seq_rows(index: int, sampled: SamplerInput, proposals: list[int], draft: Draft | None) -> SeqRows:
     if not proposals:
         return SeqRows(index, [sampled])
-    # Row j sees the output as if `proposals[:j]` followed it.
-    inputs = [sampled]
-    for j in range(1, len(proposals) + 1):
-        output = [*sampled.output_ids, *proposals[:j]]
-        inputs.append(
-            SamplerInput(sampled.params, sampled.prompt_ids, output, sampled.random_key, sampled.grammar)
-        )
+    inputs = [sampled, *(sampled.followed_by(proposals[:j]) for j in range(1, len(proposals) + 1))]
     if draft is None:
         return SeqRows(index, inputs, proposals)
     return SeqRows(index, inputs, proposals, draft.probs, draft.threshold)

@@ -3,7 +3,7 @@ sampler and the logits processors see of one running sequence."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -65,3 +65,7 @@ class SamplerInput:
     @property
     def tokens(self) -> list[int]:
         return [*self.prompt_ids, *self.output_ids]
+
+    def followed_by(self, proposals: list[int]) -> SamplerInput:
+        """This row as if `proposals` followed its output: the prefix a verification row sees."""
+        return replace(self, output_ids=[*self.output_ids, *proposals])
