@@ -50,7 +50,9 @@ import launcher
 from client import load
 from client.load import Prompt, Result
 from client.usage import ServerUsage, machine_busy_seconds
+from tritonlm.contract import ENGINE
 from tritonlm.model_gen.tiny import count_parameters
+from tritonlm.serving.engine_gauges import read_engine_gauges
 
 ROOT = launcher.ROOT
 BENCH_MODEL_DIR = ROOT / "models" / "bench"
@@ -99,14 +101,10 @@ def repeating(tokenizer: Any, prompts: list[Prompt]) -> list[Prompt]:
     return out
 
 
-def engine_stats(metrics_url: str) -> dict[str, float]:
-    """The engine's gauges (tritonlm_engine{stat=...}) from Triton's metrics endpoint."""
-    stats = {}
-    for line in httpx.get(metrics_url, timeout=10).text.splitlines():
-        if line.startswith('tritonlm_engine{stat="'):
-            name, _, value = line.removeprefix('tritonlm_engine{stat="').partition('"} ')
-            stats[name] = float(value)
-    return stats
+def engine_stats(metrics_url: str, model: str = ENGINE) -> dict[str, float]:
+    """The gauges (tritonlm_engine{stat=...}) of the engine `model` from Triton's metrics endpoint."""
+    engines = read_engine_gauges(httpx.get(metrics_url, timeout=10).text)
+    return engines[model].stats if model in engines else {}
 
 
 def free_port() -> int:

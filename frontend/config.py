@@ -62,7 +62,8 @@ class FrontendConfig:
     )
     triton_metrics_port: int = setting(
         8002,
-        "launcher: Triton's Prometheus metrics port",
+        "Triton's Prometheus metrics port; the frontend reads each replica's engine gauges (for its "
+        "`vllm:*` series) on that replica's host, its gRPC port shifted as this is from TRITON_GRPC_PORT",
         env="TRITON_METRICS_PORT",
         flag="--triton-metrics-port",
         check=PORT,
@@ -324,6 +325,14 @@ class FrontendConfig:
 
     def triton_url(self) -> str:
         return self.triton_urls or f"localhost:{self.triton_grpc_port}"
+
+    def triton_metrics_url(self, grpc_url: str) -> str:
+        """The metrics URL of the tritonserver at `grpc_url` (`host:port`): the same host, the port
+        shifted by TRITON_METRICS_PORT - TRITON_GRPC_PORT (1 by default; the launcher's replica i has
+        both ports + 100·i, a Kubernetes pod 8001 and 8002)."""
+        host, _, port = grpc_url.rpartition(":")
+        metrics_port = int(port) + self.triton_metrics_port - self.triton_grpc_port
+        return f"http://{host}:{metrics_port}/metrics"
 
     def model_name(self) -> str:
         """The name the APIs report for the generative model."""

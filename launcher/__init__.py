@@ -194,6 +194,9 @@ def start_frontend(
     settings = replace(
         config,
         frontend_port=ports.frontend,
+        # Its replicas' metrics ports are theirs for gRPC shifted as these are (triton_metrics_url).
+        triton_grpc_port=ports.grpc,
+        triton_metrics_port=ports.metrics,
         triton_urls=triton_urls or f"localhost:{ports.grpc}",
         triton_server_id=server_id or "",
         served_model_name=model_name,

@@ -107,7 +107,7 @@ def running_servers(model_dir: Path, settings: dict[str, str]) -> Iterator[Serve
 def frontend_beside(servers: Servers, env: dict[str, str], log_dir: Path) -> Iterator[str]:
     """A second frontend (plain HTTP) on `servers`' tritonserver, with the settings `env`; its URL.
     Stopped on leaving."""
-    ports = launcher.Ports(frontend=free_port(), grpc=servers.ports.grpc)
+    ports = launcher.Ports(frontend=free_port(), grpc=servers.ports.grpc, metrics=servers.ports.metrics)
     with mock.patch.dict(os.environ, env):
         process = launcher.start_frontend(
             ports, servers.model_name, log_dir / "frontend.log", model_dir=servers.model_dir

@@ -199,6 +199,10 @@ class TritonClient:
     async def close(self) -> None:
         await self._client.close()
 
+    def urls(self) -> list[str]:
+        """The gRPC addresses of the servers behind this client: its one."""
+        return [self.url]
+
     async def server_name(self) -> str | None:
         """The id the server at `url` reports (`--id`), or None when it does not answer."""
         try:

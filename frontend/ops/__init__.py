@@ -11,6 +11,8 @@ from frontend.admin import is_admin_path
 from frontend.config import FrontendConfig
 from frontend.ops.access_log import AccessLogMiddleware
 from frontend.ops.auth import ApiKeyMiddleware
+from frontend.ops.gateway_metrics import GatewayMetrics
+from frontend.ops.gateway_metrics import sources as gateway_sources
 from frontend.ops.guard import ErrorGuardMiddleware
 from frontend.ops.limits import BodyLimitMiddleware
 from frontend.ops.metrics import FrontendMetrics, MetricsMiddleware
@@ -23,10 +25,14 @@ def install(app: FastAPI, settings: FrontendConfig) -> None:
     error guard), `GET /metrics`, and the documented error statuses."""
     app.state.ops = settings
     app.state.metrics = metrics = FrontendMetrics()
+    # vLLM's series for inference gateways, read from the engines at each scrape.
+    gateway = GatewayMetrics(lambda: gateway_sources(app.state, settings), metrics.registry)
 
     @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
     async def frontend_metrics(request: Request) -> Response:
-        """The frontend's Prometheus metrics (Triton's metrics port has the engine's)."""
+        """The frontend's Prometheus metrics, and the engines' state under vLLM's names (the
+        `vllm:*` series inference gateways read); Triton's metrics port has the engines' own."""
+        await gateway.refresh()
         return request.app.state.metrics.response()
 
     # add_middleware puts each one outside the ones added before it.

@@ -208,6 +208,10 @@ class Router:
             if hasattr(client, "close"):
                 await client.close()
 
+    def urls(self) -> list[str]:
+        """The replicas' gRPC addresses (the DNS name's current ones)."""
+        return list(self.clients)
+
     # --- the Triton interface --------------------------------------------------------------------
     async def ready(self, models: Iterable[str]) -> bool:
         """Ready while at least one replica is (each replica's state is refreshed here too)."""

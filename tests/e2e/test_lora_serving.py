@@ -4,6 +4,8 @@ batches, eviction, and fidelity against transformers' merged PEFT model."""
 
 from __future__ import annotations
 
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import MAX_QUEUE_SIZE, running_servers
 from lora_helpers import make_adapter, merged_generate
+from prometheus_client.parser import text_string_to_metric_families
 
 from client import lora as lora_files
 from client.stream import StreamClient
@@ -162,3 +165,37 @@ def test_unknown_adapters_get_4xx_naming_the_field(lora):
     assert r.status_code == 404, r.text
     with pytest.raises(RuntimeError, match="lora_name: no LoRA adapter named 'nope'"):
         output_ids(lora, {"lora_name": np.array([b"nope"], dtype=object)})
+
+
+def lora_info(servers) -> dict[str, str]:
+    """The labels of the frontend's vllm:lora_requests_info (what gateways read for adapter affinity)."""
+    text = httpx.get(servers.frontend_url + "/metrics", timeout=30).text
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "vllm:lora_requests_info")
+    return next(s.labels for s in family.samples if s.labels["model_name"] == servers.model_name)
+
+
+def test_the_lora_info_gateways_read_lists_an_adapter_while_it_runs(lora):
+    stop = threading.Event()
+
+    def stream() -> None:
+        body = {"model": "beta", "prompt": "Hi", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", lora.frontend_url + "/v1/completions", json=body, timeout=120) as r:
+            for _ in r.iter_lines():
+                if stop.is_set():
+                    return  # closed: the engine cancels it
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while (labels := lora_info(lora))["running_lora_adapters"] != "beta":
+            assert time.monotonic() < deadline, f"beta never listed: {labels}"
+            time.sleep(0.2)
+        assert labels["max_lora"] == "4"  # the two named adapters and a cache of two tasks
+    finally:
+        stop.set()
+        thread.join(60)
+    deadline = time.monotonic() + 60
+    while (labels := lora_info(lora))["running_lora_adapters"]:
+        assert time.monotonic() < deadline, f"beta still listed: {labels}"
+        time.sleep(0.2)

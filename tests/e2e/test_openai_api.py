@@ -17,6 +17,7 @@ import torch
 from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM
 
+from client.bench import engine_stats
 from frontend.app import create_app
 from frontend.config import FrontendConfig
 from tritonlm.text.tokenization import load_tokenizer
@@ -58,10 +59,9 @@ def sse(servers, path: str, body: dict) -> list:
 
 
 def engine_stat(servers, name: str) -> float:
-    for line in httpx.get(servers.metrics_url, timeout=10).text.splitlines():
-        if line.startswith(f'tritonlm_engine{{stat="{name}"}} '):
-            return float(line.split()[-1])
-    raise AssertionError(f"metric {name} missing")
+    stats = engine_stats(servers.metrics_url)
+    assert name in stats, f"metric {name} missing"
+    return stats[name]
 
 
 def wait_until_idle(servers, timeout: float = 10) -> None:

@@ -11,6 +11,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,12 +21,15 @@ import httpx
 import numpy as np
 import pytest
 from conftest import Servers, free_port
+from prometheus_client.parser import text_string_to_metric_families
 
 import frontend.engine_client.triton as triton_module
 import launcher
+from client.bench import engine_stats
 from frontend.engine_client.triton import TritonClient
 from frontend.errors import APIError
 from frontend.ops.context import RequestRecord, close_record, open_record
+from tritonlm.config import EngineConfig
 
 KEY = "sk-test-0123456789"
 COMPLETION = {"model": "tiny", "prompt": "Hello", "max_tokens": 4}
@@ -208,6 +212,74 @@ def test_frontend_metrics_count_requests_and_token_latencies(servers: Servers):
     assert value("tritonlm_frontend_streams_open") == 0
     assert "tritonlm_engine" not in text  # the engine's metrics stay on Triton's port
     assert "tritonlm_engine" in httpx.get(servers.metrics_url).text
+
+
+def vllm_series(servers: Servers) -> dict[str, tuple[dict[str, str], float]]:
+    """The frontend's vllm:* series of the served model: name -> (labels, value)."""
+    text = httpx.get(servers.frontend_url + "/metrics", timeout=30).text
+    return {
+        s.name: (s.labels, s.value)
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith("vllm:")
+        for s in family.samples
+        if s.labels["model_name"] == servers.model_name
+    }
+
+
+LOAD_SERIES = {
+    "running": "vllm:num_requests_running",
+    "waiting": "vllm:num_requests_waiting",
+    "kv": "vllm:kv_cache_usage_perc",
+}
+
+
+def test_the_vllm_series_gateways_read_follow_the_engine_under_load(servers: Servers):
+    """More streams than the engine runs at once (max_num_seqs): they run, the rest wait, the KV
+    cache fills; closed, everything returns to idle. The settings as the engine publishes them."""
+    engine = engine_stats(servers.metrics_url)
+    labels, value = vllm_series(servers)["vllm:cache_config_info"]
+    assert value == 1 and labels["block_size"] == str(EngineConfig().block_size)  # not set: the default
+    assert labels["num_gpu_blocks"] == str(int(engine["kv_blocks_total"]))
+    assert labels["enable_prefix_caching"] == "True"
+    batch = EngineConfig().max_num_seqs  # the test servers' (not set: the default)
+    stop = threading.Event()
+
+    def stream() -> None:
+        body = {"model": servers.model_name, "prompt": "Hello", "max_tokens": 1500, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", servers.frontend_url + "/v1/completions", json=body, timeout=120) as r:
+            for _ in r.iter_lines():
+                if stop.is_set():
+                    return  # leaving closes the stream: the engine cancels the request
+
+    threads = [threading.Thread(target=stream) for _ in range(batch + 2)]
+    seen: dict[str, float] = {}
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 120
+        while not (seen.get("waiting", 0) >= 1 and seen.get("running", 0) == batch and seen.get("kv", 0) > 0):
+            assert time.monotonic() < deadline, f"the series never showed a full batch: {seen}"
+            series = vllm_series(servers)
+            for key, name in LOAD_SERIES.items():
+                seen[key] = max(seen.get(key, 0), series[name][1])
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    assert 0 < seen["kv"] <= 1
+    deadline = time.monotonic() + 60
+    while True:  # the cancelled requests leave the engine within a second or so
+        series = vllm_series(servers)
+        idle = [series[n][1] for n in ("vllm:num_requests_running", "vllm:num_requests_waiting")]
+        if idle == [0, 0] and series["vllm:kv_cache_usage_perc"][1] < 0.01:
+            break
+        assert time.monotonic() < deadline, f"not back to idle: {series}"
+        time.sleep(0.5)
+    labels, value = series["vllm:lora_requests_info"]
+    assert labels["running_lora_adapters"] == labels["waiting_lora_adapters"] == ""  # none here
+    assert abs(value - time.time()) < 60 and int(labels["max_lora"]) >= 1
 
 
 def test_body_limit_and_the_4mb_prompt_limit(servers: Servers):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,6 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from client.bench import engine_stats
 from client.stream import StreamClient, make_inputs
 
 pytestmark = pytest.mark.usefixtures("servers")
@@ -43,10 +43,9 @@ def stream_events(servers, body: dict) -> list[dict]:
 
 
 def engine_stat(servers, name: str) -> float:
-    text = httpx.get(servers.metrics_url, timeout=10).text
-    match = re.search(rf'^tritonlm_engine{{stat="{name}"}} (\S+)$', text, re.MULTILINE)
-    assert match, f"metric {name} missing"
-    return float(match.group(1))
+    stats = engine_stats(servers.metrics_url)
+    assert name in stats, f"metric {name} missing"
+    return stats[name]
 
 
 def test_greedy_matches_transformers_generate_under_concurrency(servers):

@@ -10,7 +10,8 @@ from engine_helpers import sequence
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.output_processor import OutputProcessor
 from tritonlm.engine.scheduler import Scheduler, fit_proposals
-from tritonlm.engine.stats import EngineStats
+from tritonlm.engine.stats import EngineStats, adapter_sequences
+from tritonlm.lora.adapter import LoraAdapter
 from tritonlm.sampling.logits_processors import default_pipeline
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.sampling.sampler import PromptLogProbs, SampledTokens, Sampler, SamplerOutput
@@ -112,6 +113,19 @@ def test_engine_stats_count_steps_proposals_and_grammar_time():
     report = stats.report(scheduler, scheduler.blocks, None)
     assert report["spec_acceptance_rate"] == 1 / 3 and report["steps"] == 2 and report["grammar_steps"] == 0
     assert report["kv_blocks_free"] == 8 and report["running"] == report["waiting"] == 0
+
+
+def test_stats_report_the_block_size_and_the_sequences_each_lora_adapter_has_running_and_waiting():
+    scheduler = Scheduler(BlockManager(8, 4), 2, 16)  # two sequences run at most
+    alpha, beta = (LoraAdapter(name, {}, 0) for name in ("alpha", "task 7"))
+    for adapter in (alpha, alpha, beta, None, beta):
+        scheduler.add(sequence([1, 2], 4, lora=adapter))
+    assert adapter_sequences(scheduler) == {("waiting", "alpha"): 2, ("waiting", "task 7"): 2}
+    scheduler.schedule()  # the first two run
+    assert adapter_sequences(scheduler) == {("running", "alpha"): 2, ("waiting", "task 7"): 2}
+    report = EngineStats().report(scheduler, scheduler.blocks, None)
+    assert report["block_size"] == 4 and report["prefix_caching"] == 1.0
+    assert (report["running"], report["waiting"]) == (2, 3)
 
 
 def test_fit_proposals_takes_all_or_none():

@@ -35,7 +35,7 @@ from tritonlm.engine.request import Request
 from tritonlm.engine.scheduler import Scheduler
 from tritonlm.engine.sequence import Sequence, Status
 from tritonlm.engine.speculator import Speculator
-from tritonlm.engine.stats import EngineStats
+from tritonlm.engine.stats import EngineStats, adapter_sequences
 from tritonlm.engine.step_data import step_batch, step_samples
 from tritonlm.errors import overloaded_message
 from tritonlm.sampling.logits_processors import default_pipeline
@@ -137,6 +137,10 @@ class Engine:
 
     def stats(self) -> dict[str, float]:
         return self.counters.report(self.scheduler, self.blocks, self.sampler.grammar_mask)
+
+    def adapter_sequences(self) -> dict[tuple[str, str], int]:
+        """(running | waiting, LoRA adapter name) -> sequences: what routers read for adapter affinity."""
+        return adapter_sequences(self.scheduler)
 
     @property
     def steps(self) -> int:

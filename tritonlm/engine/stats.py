@@ -62,6 +62,8 @@ class EngineStats:
             "kv_blocks_total": kv.blocks_total,
             "kv_blocks_used": kv.blocks_used,
             "kv_blocks_free": kv.blocks_total - kv.blocks_used,
+            "block_size": blocks.block_size,  # token positions per block (routers hash prompts by it)
+            "prefix_caching": float(blocks.enable_prefix_caching),
             "prefix_cache_queries": kv.prefix_queries,  # prompt tokens looked up
             "prefix_cache_hits": kv.prefix_hits,  # of which cached
             "prefix_cache_hit_rate": kv.prefix_hits / kv.prefix_queries if kv.prefix_queries else 0.0,
@@ -77,3 +79,16 @@ class EngineStats:
             "spec_accepted_tokens": self.spec_accepted,
             "spec_acceptance_rate": self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0,
         }
+
+
+def adapter_sequences(scheduler: Scheduler) -> dict[tuple[str, str], int]:
+    """(state, adapter name) -> the sequences running or waiting with that LoRA adapter ("running",
+    "waiting"); adapters no sequence uses are left out. Read from other threads: the copies are one
+    call each under the GIL, so the loop thread cannot change the queues while they are taken."""
+    counts: dict[tuple[str, str], int] = {}
+    for state, queue in (("running", list(scheduler.running)), ("waiting", list(scheduler.waiting))):
+        for seq in queue:
+            if seq.request.lora is not None:
+                key = (state, seq.request.lora.name)
+                counts[key] = counts.get(key, 0) + 1
+    return counts

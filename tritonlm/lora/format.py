@@ -101,6 +101,11 @@ def peft_to_tensors(adapter_dir: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return weights, np.array(entries, dtype=np.int32)
 
 
+def task_adapter_name(task_id: int) -> str:
+    """The name an adapter sent by `lora_task_id` goes by in messages and the engine's metrics."""
+    return f"task {task_id}"
+
+
 def parse_lora_modules(text: str) -> dict[str, str]:
     """vLLM's `name=/path/to/adapter,…` as {name: path}; raises ValueError naming the bad entry."""
     modules: dict[str, str] = {}

@@ -23,7 +23,7 @@ import torch
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.errors import OVERLOAD_MARKER, InvalidRequest
 from tritonlm.lora.adapter import LoraAdapter, Shapes, build_adapter
-from tritonlm.lora.format import AdapterFormatError, parse_lora_modules, peft_to_tensors
+from tritonlm.lora.format import AdapterFormatError, parse_lora_modules, peft_to_tensors, task_adapter_name
 from tritonlm.request_tensors import RequestTensors
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class LoraStore:
         adapter = None
         if "lora_weights" in tensors:  # built outside the lock: checking and copying takes a while
             adapter = build_adapter(
-                f"task {task_id}",
+                task_adapter_name(task_id),
                 tensors["lora_weights"],
                 tensors["lora_config"],
                 self.shapes,

@@ -97,7 +97,10 @@ class EngineService:
             ),
             tokenizer=self.tokenizer,
         )
-        self.metrics = EngineMetrics()
+        # Labelled with this engine's Triton name: several engines may share the server (MODEL_DIRS).
+        # max_lora: adapters one batch can mix, the named ones and the task-id cache's.
+        max_lora = len(self.adapters.named) + self.adapters.max_adapters
+        self.metrics = EngineMetrics(args["model_name"], max_lora)
         self.threads = [
             threading.Thread(target=self.engine.run, name="engine-loop", daemon=True),
             threading.Thread(target=self._send_loop, name="engine-sender", daemon=True),
