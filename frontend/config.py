@@ -16,6 +16,7 @@ No torch here: the launcher imports this module.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -295,6 +296,14 @@ class FrontendConfig:
         flag="--allowed-media-domains",
         shown="any",  # unset means no restriction, not none allowed
     )
+    allowed_media_networks: tuple[str, ...] = setting(
+        (),
+        "comma-separated networks (CIDR, e.g. `10.0.0.0/8,::1`) http(s) media may come from although "
+        "they are loopback, private, link-local or otherwise not global, which are refused",
+        env="ALLOWED_MEDIA_NETWORKS",
+        flag="--allowed-media-networks",
+        shown="none",
+    )
     media_limits: MediaLimits = field(default_factory=MediaLimits)  # its own settings: MEDIA_*
 
     def __post_init__(self) -> None:
@@ -390,6 +399,17 @@ class FrontendConfig:
             label = settings.find(FrontendConfig, "override_generation_config").label
             raise ConfigError(f"{label}: {error}") from None
 
+    def media_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """ALLOWED_MEDIA_NETWORKS' networks (an address alone: its own network)."""
+        networks = []
+        for text in self.allowed_media_networks:
+            try:
+                networks.append(ipaddress.ip_network(text, strict=False))
+            except ValueError:
+                label = settings.find(FrontendConfig, "allowed_media_networks").label
+                raise ConfigError(f"{label}: {text!r} is not an IP network (e.g. 127.0.0.0/8, ::1)") from None
+        return tuple(networks)
+
     def environment(self) -> dict[str, str]:
         """Every setting as the environment variables that say it: what the launcher passes to its
         child processes, which read the same values back."""
@@ -407,6 +427,7 @@ class FrontendConfig:
         settings.check(self)
         self.served_models()  # MODEL_DIRS' entries and names, checked once here
         self.sampling_override()
+        self.media_networks()
         folder = sampling_defaults.config_folder(self.generation_config, "")
         if folder and not (Path(folder) / sampling_defaults.GENERATION_CONFIG).is_file():
             raise ConfigError(
