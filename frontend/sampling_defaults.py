@@ -44,6 +44,18 @@ _RANGES: dict[str, tuple[bool, Callable[[float], bool], str]] = {
 NOT_APPLIED = ("min_p", "max_new_tokens")
 
 
+# Every API's defaults where neither the operator nor the model says: sample at temperature 1, no
+# top-p, top-k or typical-p limit, no repetition penalty. (top_p 1.0 is sent, because the engine
+# reads its own default, top_p 0, as greedy.)
+API_DEFAULTS: dict[str, Any] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "typical_p": 1.0,
+    "repetition_penalty": 1.0,
+}
+
+
 @dataclass(frozen=True)
 class SamplingDefaults:
     """The defaults a model's requests get, None where the API's own default applies."""
@@ -70,22 +82,10 @@ class SamplingDefaults:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
-# Every API's defaults where neither the operator nor the model says: sample at temperature 1, no
-# top-p, top-k or typical-p limit, no repetition penalty. (top_p 1.0 is sent, because the engine
-# reads its own default, top_p 0, as greedy.)
-API_DEFAULTS: dict[str, Any] = {
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "top_k": 0,
-    "typical_p": 1.0,
-    "repetition_penalty": 1.0,
-}
-
-
 def checked(values: dict[str, Any]) -> tuple[SamplingDefaults, list[str]]:
-    """The applied parameters of `values` (a generation config), and why each other key it sets is
-    not applied. Keys of neither kind (transformers' other
-    settings: do_sample, eos_token_id, …) are not sampling defaults here and are left alone."""
+    """The applied parameters of `values` (a generation config), and why each sampling key it sets is
+    not applied. Transformers' other settings (do_sample, eos_token_id, …) are not sampling defaults
+    here and are left alone."""
     applied: dict[str, Any] = {}
     problems: list[str] = []
     for name, value in values.items():

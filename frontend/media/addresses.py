@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 
@@ -88,7 +88,7 @@ class Hop:
 class AddressPolicy:
     """The refused address classes, less `allowed` (ALLOWED_MEDIA_NETWORKS)."""
 
-    allowed: tuple[Network, ...] = field(default=())
+    allowed: tuple[Network, ...] = ()
 
     def refusal(self, address: IPAddress) -> str | None:
         """The class `address` is refused as, None when it may be reached."""
