@@ -20,7 +20,7 @@ from frontend.engine_client.triton import EMBEDDING
 from frontend.errors import APIError
 from frontend.media import MediaSources
 from frontend.model_traits import read_traits
-from frontend.models import served
+from frontend.models import served, traits
 from frontend.openai_api import routes as openai_api
 from frontend.ops import install as install_ops
 from frontend.responses import routes as responses
@@ -99,8 +99,10 @@ def create_app(
     async def models(request: Request) -> dict:
         state = request.app.state
         cards = []
-        for name in served(request):
+        for name, task in served(request).items():
             card = {"id": name, "object": "model", "created": state.created, "owned_by": "tritonlm"}
+            if task == "generate":  # what a request that leaves them out samples with
+                card["sampling_defaults"] = traits(request, name).sampling.as_dict()
             if name in state.lora_adapters:  # vLLM's way: an adapter's parent is its base model
                 card["parent"] = state.model_name
             if name in state.runtime_adapters:  # and its root the directory it came from

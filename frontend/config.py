@@ -16,6 +16,7 @@ No torch here: the launcher imports this module.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from frontend import sampling_defaults
 from tritonlm import settings
 from tritonlm.embedding import config as embedding_config
 from tritonlm.multimodal.limits import MediaLimits
@@ -263,6 +265,22 @@ class FrontendConfig:
         flag="--responses-store-size",
         check=at_least(0),
     )
+    generation_config: str = setting(
+        sampling_defaults.AUTO,
+        "where each model's sampling defaults (temperature, top_p, top_k, typical_p, "
+        "repetition_penalty, for requests that leave them out) come from: `auto`, its checkpoint's "
+        "generation_config.json; `api`, nowhere (the APIs' own defaults); a folder, its "
+        "generation_config.json, for every model",
+        env="GENERATION_CONFIG",
+        flag="--generation-config",
+    )
+    override_generation_config: str = setting(
+        "",
+        "a JSON object of sampling defaults for every model, over its generation config, e.g. "
+        '`{"temperature": 0.5}`; a request\'s own values still win',
+        env="OVERRIDE_GENERATION_CONFIG",
+        flag="--override-generation-config",
+    )
     # -- media -----------------------------------------------------------------------------------------
     allowed_local_media_paths: tuple[str, ...] = setting(
         (),
@@ -278,6 +296,14 @@ class FrontendConfig:
         env="ALLOWED_MEDIA_DOMAINS",
         flag="--allowed-media-domains",
         shown="any",  # unset means no restriction, not none allowed
+    )
+    allowed_media_networks: tuple[str, ...] = setting(
+        (),
+        "comma-separated networks (CIDR, e.g. `10.0.0.0/8,::1`) http(s) media may come from although "
+        "they are loopback, private, link-local or otherwise not global, which are refused",
+        env="ALLOWED_MEDIA_NETWORKS",
+        flag="--allowed-media-networks",
+        shown="none",
     )
     media_limits: MediaLimits = field(default_factory=MediaLimits)  # its own settings: MEDIA_*
 
@@ -374,6 +400,25 @@ class FrontendConfig:
             tools_in_prompt,
         )
 
+    def sampling_override(self) -> sampling_defaults.SamplingDefaults:
+        """OVERRIDE_GENERATION_CONFIG's defaults, which win over every model's generation config."""
+        try:
+            return sampling_defaults.parse_override(self.override_generation_config)
+        except ValueError as error:
+            label = settings.find(FrontendConfig, "override_generation_config").label
+            raise ConfigError(f"{label}: {error}") from None
+
+    def media_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """ALLOWED_MEDIA_NETWORKS' networks (an address alone: its own network)."""
+        networks = []
+        for text in self.allowed_media_networks:
+            try:
+                networks.append(ipaddress.ip_network(text, strict=False))
+            except ValueError:
+                label = settings.find(FrontendConfig, "allowed_media_networks").label
+                raise ConfigError(f"{label}: {text!r} is not an IP network (e.g. 127.0.0.0/8, ::1)") from None
+        return tuple(networks)
+
     def environment(self) -> dict[str, str]:
         """Every setting as the environment variables that say it: what the launcher passes to its
         child processes, which read the same values back."""
@@ -390,6 +435,14 @@ class FrontendConfig:
         """Each field's own check, then the rules between fields."""
         settings.check(self)
         self.served_models()  # MODEL_DIRS' entries and names, checked once here
+        self.sampling_override()
+        self.media_networks()
+        folder = sampling_defaults.config_folder(self.generation_config, "")
+        if folder and not (Path(folder) / sampling_defaults.GENERATION_CONFIG).is_file():
+            raise ConfigError(
+                f"{settings.find(FrontendConfig, 'generation_config').label}: no "
+                f"{sampling_defaults.GENERATION_CONFIG} in {folder} (or `auto`, `api`)"
+            )
         if bool(self.ssl_certfile) != bool(self.ssl_keyfile):
             raise ConfigError("SSL_CERTFILE and SSL_KEYFILE must be set together")
         if self.ssl_ca_certs and not self.ssl_certfile:

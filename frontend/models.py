@@ -38,9 +38,10 @@ def served(request: Request) -> dict[str, Task]:
 def use_model(request: Request, job: Job, model: str | None) -> None:
     """Points `job` at the served model a resolved model name selects, or at the LoRA adapter it
     names (on the default model): one loaded at start-up by name, one loaded at run time by its
-    tensors."""
+    tensors; the job's sampling defaults are that model's."""
     state = request.app.state
     job.served = served_model(request, model)
+    job.defaults = traits(request, job.served).sampling
     job.lora_name = model if model in state.lora_adapters else None
     job.lora = state.runtime_adapters.get(model) if model is not None else None
 

@@ -127,7 +127,7 @@ def servers(model_dir: Path) -> Iterator[Servers]:
 
 
 # The multimodal servers' settings: local media from MULTIMODAL_MEDIA (a session directory the tests
-# write into), 4 frames per video, room for media positions.
+# write into), http media from loopback servers, 4 frames per video, room for media positions.
 MULTIMODAL_VIDEO_FRAMES = 4
 
 
@@ -159,6 +159,7 @@ def multimodal_servers(multimodal_checkpoints, multimodal_media) -> Iterator:
     started at first use, so the multimodal test modules share them."""
     settings = {
         "ALLOWED_LOCAL_MEDIA_PATH": str(multimodal_media),
+        "ALLOWED_MEDIA_NETWORKS": "127.0.0.0/8",  # the tests' media servers (loopback is refused by default)
         "MEDIA_VIDEO_FRAMES": str(MULTIMODAL_VIDEO_FRAMES),
         "TRITONLM_MAX_SEQ_LEN": "1024",
     }

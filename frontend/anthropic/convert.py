@@ -33,7 +33,7 @@ from frontend.anthropic.schema import (
     ToolUseBlock,
 )
 from frontend.chat_tools.tools import FunctionDefinition, NamedFunction, Tool, ToolChoiceObject, tool_spec
-from frontend.engine_client.request import Job, temperature_or_default
+from frontend.engine_client.request import Job
 from frontend.media.parts import MediaRef
 from frontend.openai_api.schema import bad_request, tools_guide
 
@@ -60,9 +60,9 @@ def create_job(req: MessagesRequest) -> tuple[Job, list[MediaRef]]:
             "thinking.budget_tokens",
         )
     job.max_tokens = req.max_tokens
-    job.temperature = temperature_or_default(req.temperature)  # Anthropic's default too
+    job.temperature = req.temperature  # None: the model's default (Job.sampling), else Anthropic's 1.0
     job.top_p = req.top_p
-    job.top_k = req.top_k or 0
+    job.top_k = req.top_k
     job.stop = list(req.stop_sequences or [])
     job.stream = bool(req.stream)
     job.priority = req.priority or 0

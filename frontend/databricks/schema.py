@@ -12,7 +12,7 @@ from pydantic import BaseModel, BeforeValidator
 
 from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
 from frontend.engine_client import guides
-from frontend.engine_client.request import Job, temperature_or_default, top_p_or_default
+from frontend.engine_client.request import Job
 from frontend.field_rules import MAX_INT32, Priority, number, total_chars
 from frontend.openai_api.schema import (
     MAX_PROMPT_CHARS,
@@ -47,9 +47,9 @@ def _databricks_sampling(request: DatabricksChatRequest | DatabricksCompletionRe
     """The Job fields both Databricks tasks share, with the documented defaults."""
     return {
         "max_tokens": request.max_tokens,
-        "temperature": temperature_or_default(request.temperature),
-        "top_p": top_p_or_default(request.top_p),
-        "top_k": request.top_k or 0,
+        "temperature": request.temperature,  # None: the model's default (Job.sampling)
+        "top_p": request.top_p,
+        "top_k": request.top_k,
         "stop": request.stop or [],
         "stream": bool(request.stream),
         "priority": request.priority or 0,

@@ -20,11 +20,8 @@ from frontend.chat_tools.tools import ToolSpec
 from frontend.engine_client.lora import RuntimeAdapter
 from frontend.engine_client.served import ServedModel
 from frontend.errors import APIError
+from frontend.sampling_defaults import SamplingDefaults
 from tritonlm.sampling.seeds import sequence_seed
-
-# Every API's sampling defaults: a request that gives no temperature or top_p samples at 1.0.
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_P = 1.0  # no limit (the engine's own default, top_p 0, would be greedy)
 
 # Engine and preprocessing tensors named in their error messages -> the API's field.
 _PARAMS = {
@@ -49,16 +46,6 @@ _PARAMS = {
 }
 _LEADING_NAME = re.compile(r"^(\w+)")
 _MEDIA_ITEM = re.compile(r"^media\[(\d+)\]")
-
-
-def temperature_or_default(temperature: float | None) -> float:
-    """A request's temperature, DEFAULT_TEMPERATURE when it gives none."""
-    return DEFAULT_TEMPERATURE if temperature is None else temperature
-
-
-def top_p_or_default(top_p: float | None) -> float:
-    """A request's top_p, DEFAULT_TOP_P when it gives none."""
-    return DEFAULT_TOP_P if top_p is None else top_p
 
 
 @dataclass(frozen=True)
@@ -90,14 +77,16 @@ class Job:
     max_tokens: int | None = None  # None: as many as fit in the context
     min_tokens: int = 0
     sample: bool = True  # False: greedy
-    temperature: float | None = None  # sampling: None is 1.0; 0 sent as given (greedy)
-    top_p: float | None = None  # sampling: None is no limit
-    top_k: int = 0  # 0: no limit
+    # The request's sampling values, None where it gives none: `defaults` (the served model's) or
+    # the APIs' own then apply (`sampling`). Temperature 0 is greedy; top_k 0 no limit.
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     typical_p: float | None = None
     seed: int | None = None  # sequence i of the job draws with seed + i (sequence_seed)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
+    repetition_penalty: float | None = None
     watermark: bool = False
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -119,6 +108,7 @@ class Job:
     lora_name: str | None = None  # a LoRA adapter the engine loaded at start-up (lora_modules)
     lora: RuntimeAdapter | None = None  # or one loaded at run time (engine_client.lora)
     served: ServedModel | None = None  # the generative model it runs on; None: the default model
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)  # its model's (models.use_model)
     priority: int = 0  # vLLM's: lower runs first (the engine's scheduling_policy priority)
     # Input embeddings [P, hidden] fed before the prompt's tokens (OpenAI prompt_embeds): the
     # engine's prompt_embedding_table (FP32), selected by P virtual tokens.
@@ -136,6 +126,11 @@ class Job:
     @property
     def ranked(self) -> bool:
         return not self.beam_search and self.best_of > self.n
+
+    def sampling(self, name: str) -> Any:
+        """Sampling parameter `name` as the engine gets it: the request's, else the model's
+        default, else the APIs' (frontend.sampling_defaults)."""
+        return self.defaults.value(name, getattr(self, name))
 
     @property
     def with_logprobs(self) -> bool:
@@ -203,13 +198,13 @@ class Job:
             values["beam_width"] = self.best_of  # deterministic: no sampling inputs
         else:
             values.update(self._sampling(index))
-        for name, default in (
-            ("presence_penalty", 0.0),
-            ("frequency_penalty", 0.0),
-            ("repetition_penalty", 1.0),
+        for name, value, default in (
+            ("presence_penalty", self.presence_penalty, 0.0),
+            ("frequency_penalty", self.frequency_penalty, 0.0),
+            ("repetition_penalty", self.sampling("repetition_penalty"), 1.0),
         ):
-            if getattr(self, name) != default:
-                values[name] = getattr(self, name)
+            if value != default:
+                values[name] = value
         if self.watermark:
             values["watermark"] = True
         if self.min_tokens:
@@ -235,18 +230,16 @@ class Job:
 
     def _sampling(self, index: int) -> dict[str, Any]:
         """The one sampling rule of every API. Greedy sends nothing (the engine's defaults, top_k 0
-        and top_p 0, are greedy), or the temperature 0 the client gave. Sampling always sends a
-        temperature and a top_p, 1.0 when unset, because the engine reads top_p 0 as greedy."""
-        if not self.sample or self.temperature == 0:
-            return {"temperature": 0.0} if self.temperature == 0 else {}
-        values: dict[str, Any] = {
-            "temperature": temperature_or_default(self.temperature),
-            "runtime_top_p": top_p_or_default(self.top_p),
-        }
-        if self.top_k:
-            values["runtime_top_k"] = self.top_k
-        if self.typical_p is not None:
-            values["typical_p"] = self.typical_p
+        and top_p 0, are greedy), or temperature 0 (the request's or the model's default). Sampling
+        always sends a temperature and a top_p, because the engine reads top_p 0 as greedy."""
+        temperature = self.sampling("temperature")
+        if not self.sample or temperature == 0:
+            return {"temperature": 0.0} if self.sample else {}
+        values: dict[str, Any] = {"temperature": temperature, "runtime_top_p": self.sampling("top_p")}
+        if top_k := self.sampling("top_k"):
+            values["runtime_top_k"] = top_k
+        if (typical_p := self.sampling("typical_p")) != 1.0:
+            values["typical_p"] = typical_p
         if self.seed is not None:
             values["random_seed"] = sequence_seed(self.seed, index)
         return values

@@ -1,7 +1,7 @@
 """A served generative model as the frontend sees it: its Triton models (tritonlm.serving.model_set
-names them), how its chat replies are read and which media it takes (frontend.model_traits reads them
-from its checkpoint), whether it is still loading, and the requests running on it, which unloading
-waits for.
+names them), how its chat replies are read, which media it takes and its sampling defaults
+(frontend.model_traits reads them from its checkpoint), whether it is still loading, and the requests
+running on it, which unloading waits for.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from frontend.sampling_defaults import SamplingDefaults
 from tritonlm.serving.model_set import ModelSet
 
 DEFAULT = ModelSet("", "")  # a job that names no model: the first served model's plain names
@@ -44,12 +45,14 @@ class InUse:
 @dataclass(frozen=True)
 class ModelTraits:
     """What the routes need of a model's checkpoint: its tool and reasoning parsers, whether tools
-    are written into the prompt (its chat template knows none), the media its chat parts may carry."""
+    are written into the prompt (its chat template knows none), the media its chat parts may carry,
+    the sampling defaults its requests get (frontend.sampling_defaults)."""
 
     tool_parser: str = "hermes"
     reasoning_parser: str = "think"
     tools_in_prompt: bool = False
     media_kinds: tuple[str, ...] = ()
+    sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
 
 
 @dataclass(eq=False)

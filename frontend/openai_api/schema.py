@@ -17,7 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, mo
 
 from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
 from frontend.engine_client import guides
-from frontend.engine_client.request import Guide, Job, temperature_or_default, top_p_or_default
+from frontend.engine_client.request import Guide, Job
 from frontend.errors import APIError
 from frontend.field_rules import (
     MAX_INT32,
@@ -173,8 +173,12 @@ def _sequences(job: Job, n: int | None, best_of: int | None, use_beam_search: bo
             if value:
                 raise bad_request("cannot be used with use_beam_search", param)
         # Beam search follows the log probabilities (at temperature 1); it does not sample.
-        sampling = (("temperature", job.temperature not in (0.0, 1.0)), ("top_p", job.top_p < 1.0))
-        for param, changed in (*sampling, ("top_k", job.top_k > 0)):
+        sampling = (
+            ("temperature", job.temperature not in (None, 0.0, 1.0)),
+            ("top_p", job.top_p is not None and job.top_p < 1.0),
+            ("top_k", bool(job.top_k)),
+        )
+        for param, changed in sampling:
             if changed:
                 raise bad_request("beam search does not sample: leave it unset (temperature 1 or 0)", param)
         return
@@ -204,15 +208,16 @@ def _stream_usage(stream: bool, options: StreamOptions | None) -> bool:
 
 
 def _sampling(request: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
-    """The Job fields chat and completions requests share, with the documented defaults."""
+    """The Job fields chat and completions requests share, with the documented defaults (the
+    sampling parameters a request leaves out are the served model's defaults: Job.sampling)."""
     return {
-        "temperature": temperature_or_default(request.temperature),
-        "top_p": top_p_or_default(request.top_p),
+        "temperature": request.temperature,
+        "top_p": request.top_p,
         "top_k": _top_k(request.top_k),
         "seed": request.seed,
         "presence_penalty": request.presence_penalty or 0.0,
         "frequency_penalty": request.frequency_penalty or 0.0,
-        "repetition_penalty": request.repetition_penalty or 1.0,
+        "repetition_penalty": request.repetition_penalty,
         "stop": request.stop or [],
         "stop_token_ids": request.stop_token_ids or [],
         "include_stop_str_in_output": bool(request.include_stop_str_in_output),
@@ -224,8 +229,8 @@ def _sampling(request: ChatCompletionRequest | CompletionRequest) -> dict[str, A
     }
 
 
-def _top_k(value: int | None) -> int:
-    return 0 if value is None or value <= 0 else value  # -1 (and 0) mean "no limit"; engine: 0
+def _top_k(value: int | None) -> int | None:
+    return None if value is None else max(value, 0)  # -1 (and 0) mean "no limit"; engine: 0
 
 
 # ---------------------------------------------------------------------------------------------

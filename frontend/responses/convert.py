@@ -16,7 +16,7 @@ from typing import Any
 
 from frontend.chat_tools.tools import Tool, tool_spec
 from frontend.engine_client import guides
-from frontend.engine_client.request import Guide, Job, temperature_or_default, top_p_or_default
+from frontend.engine_client.request import Guide, Job
 from frontend.errors import APIError
 from frontend.field_rules import total_chars
 from frontend.media.parts import MediaRef
@@ -61,8 +61,8 @@ def to_turn(req: ResponsesRequest, history: list[dict[str, Any]], reasoning_pars
         chat_template_kwargs=_thinking(req, reasoning_parser),
         tools=tool_spec(tools or None, req.tool_choice, req.parallel_tool_calls),
         max_tokens=req.max_output_tokens,
-        temperature=temperature_or_default(req.temperature),
-        top_p=top_p_or_default(req.top_p),
+        temperature=req.temperature,  # None: the model's default (Job.sampling)
+        top_p=req.top_p,
         stream=bool(req.stream),
         truncate_to_fit=req.truncation == "auto",
         priority=req.priority or 0,

@@ -15,10 +15,10 @@ from typing import Any
 
 from frontend.chat_tools.reasoning import CLOSE
 from frontend.chat_tools.reply import ReplyDelta, ReplyReader
-from frontend.engine_client.request import temperature_or_default, top_p_or_default
 from frontend.engine_client.steps import Generation, Token
 from frontend.openai_api.chat_format import chat_logprobs
 from frontend.responses.schema import ResponsesRequest
+from frontend.sampling_defaults import SamplingDefaults
 
 Event = dict[str, Any]
 
@@ -179,6 +179,7 @@ class Envelope:
 
     req: ResponsesRequest
     model: str
+    defaults: SamplingDefaults = field(default_factory=SamplingDefaults)  # the model's: echoed where unset
     id: str = field(default_factory=lambda: new_id("resp"))
     created_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -205,12 +206,12 @@ class Envelope:
             "previous_response_id": req.previous_response_id,
             "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
             "store": req.store is not False,
-            "temperature": temperature_or_default(req.temperature),
+            "temperature": self.defaults.value("temperature", req.temperature),
             "text": {"format": (req.text.format if req.text and req.text.format else {"type": "text"})},
             "tool_choice": choice or "auto",
             "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
             "top_logprobs": req.top_logprobs,
-            "top_p": top_p_or_default(req.top_p),
+            "top_p": self.defaults.value("top_p", req.top_p),
             "truncation": req.truncation or "disabled",
             "usage": usage,
             "metadata": req.metadata or {},

@@ -52,7 +52,7 @@ async def create_response(req: ResponsesRequest, request: Request) -> Response:
         guide_calls_in_prompt(job)
     await attach(request, job, turn.refs, "input", chat=True)
     reader = reply_reader(job.tools, job.chat_template_kwargs, parsers.tool_parser, parsers.reasoning_parser)
-    envelope, output = Envelope(req, model), Output(reader, job.logprobs)
+    envelope, output = Envelope(req, model, job.defaults), Output(reader, job.logprobs)
     if not job.stream:
         gen = await until_disconnected(request, generate(state.triton, job))
         body = whole(envelope, output, gen)

@@ -56,9 +56,9 @@ def get_triton(request: Request) -> Triton:
 
 
 def plan(req: GenerateRequest) -> Job:
-    """The Job for a request. Only what the request decides is set; for the rest the engine's
-    defaults apply (greedy unless the request samples). A sampling request without a seed gets
-    one here, so `details` can report it."""
+    """The Job for a request. Only what the request decides is set: it samples only by TGI's rule
+    (greedy otherwise), and then the model's defaults fill what it leaves out (Job.sampling). A
+    sampling request without a seed gets one here, so `details` can report it."""
     p = req.parameters
     sample = req.is_sampling()
     seed = None
@@ -76,10 +76,10 @@ def plan(req: GenerateRequest) -> Job:
         sample=sample,
         temperature=p.temperature if sample else None,
         top_p=p.top_p if sample else None,
-        top_k=(p.top_k or 0) if sample else 0,
+        top_k=p.top_k if sample else None,
         typical_p=p.typical_p if sample else None,
         seed=seed,
-        repetition_penalty=1.0 if p.repetition_penalty is None else p.repetition_penalty,
+        repetition_penalty=p.repetition_penalty,
         watermark=bool(p.watermark),
         stop=list(p.stop or []),
         truncate=p.truncate,

@@ -76,7 +76,7 @@ def test_blocks_become_chat_messages_with_tool_rounds():
     ]
     assert job.tools is not None and job.tools.choice == "auto" and job.guide is None
     assert job.chat_template_kwargs == {"enable_thinking": False}
-    assert (job.max_tokens, job.temperature, job.prompt_param) == (16, 1.0, "messages")
+    assert (job.max_tokens, job.sampling("temperature"), job.prompt_param) == (16, 1.0, "messages")
 
 
 PNG = {"type": "base64", "media_type": "image/png", "data": "AAA="}

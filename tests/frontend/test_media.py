@@ -6,6 +6,7 @@ import asyncio
 import base64
 import http.server
 import io
+import ipaddress
 import threading
 from pathlib import Path
 
@@ -16,9 +17,11 @@ import soundfile
 from PIL import Image
 
 from frontend.media import MediaError, MediaLimits, MediaSources
+from frontend.media.addresses import AddressPolicy
 from tritonlm.multimodal.decode import decode_audio, decode_image, frame_positions, sample_video_frames
 
 PART = "messages[0].content[1]"
+LOOPBACK = AddressPolicy((ipaddress.ip_network("127.0.0.0/8"),))  # ALLOWED_MEDIA_NETWORKS
 
 
 def png_bytes(size=(8, 6), color=(200, 10, 10)) -> bytes:
@@ -133,11 +136,17 @@ def test_unknown_scheme():
 
 
 def test_http_fetch_and_refusals(web):
+    """On loopback, allowed here (test_media_addresses: refused by default)."""
     base, image = web
-    assert load(MediaSources(), f"{base}/img.png") == image
-    assert "HTTP 404" in str(refused(MediaSources(), f"{base}/missing.png"))
-    assert refused(MediaSources(MediaLimits(max_image_bytes=1000)), f"{base}/big").status == 413
-    assert "redirects" in str(refused(MediaSources(), f"{base}/loop"))
+    sources = MediaSources(addresses=LOOPBACK)
+    assert load(sources, f"{base}/img.png") == image
+    message = str(refused(sources, f"{base}/missing.png"))
+    assert "fetching the image URL failed" in message and "404" not in message  # nothing of the answer
+    assert (
+        refused(MediaSources(MediaLimits(max_image_bytes=1000), addresses=LOOPBACK), f"{base}/big").status
+        == 413
+    )
+    assert "redirects" in str(refused(sources, f"{base}/loop"))
     only_example = MediaSources(allowed_domains={"example.com"})
     assert "ALLOWED_MEDIA_DOMAINS" in str(refused(only_example, f"{base}/img.png"))
 

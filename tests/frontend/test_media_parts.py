@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import http.server
+import ipaddress
 import threading
 import time
 from collections.abc import Iterator
@@ -19,11 +20,13 @@ from frontend.app import create_app
 from frontend.config import FrontendConfig
 from frontend.engine_client.request import MediaItem
 from frontend.media import MediaError, MediaLimits, MediaSources
+from frontend.media.addresses import AddressPolicy
 from frontend.media.attach import check, fetch_all
 from frontend.media.parts import MediaRef, chat_media, text_of, tgi_media
 
 PNG = b"\x89PNG\r\n\x1a\n not decoded by the frontend"
 WAV = b"RIFF....WAVEfmt "
+LOOPBACK = AddressPolicy((ipaddress.ip_network("127.0.0.0/8"),))  # ALLOWED_MEDIA_NETWORKS: the test servers
 
 
 def data_url(data: bytes, mime: str = "image/png") -> str:
@@ -175,7 +178,7 @@ def pair_server() -> Iterator[str]:
 
 def test_items_are_fetched_concurrently_in_prompt_order(pair_server):
     refs = [MediaRef("image", f"{pair_server}/{n}.png", f"inputs[{n}]", "image_url") for n in (0, 1)]
-    items = asyncio.run(fetch_all(MediaSources(), refs, chat=False))
+    items = asyncio.run(fetch_all(MediaSources(addresses=LOOPBACK), refs, chat=False))
     assert items == (MediaItem("image", b"/0.png", "inputs[0]"), MediaItem("image", b"/1.png", "inputs[1]"))
 
 
@@ -186,7 +189,7 @@ def test_the_first_refusal_in_prompt_order_is_raised(pair_server):
         MediaRef("image", "ftp://x/y.png", "inputs[2]", "image_url"),
     ]
     with pytest.raises(MediaError) as info:
-        asyncio.run(fetch_all(MediaSources(), refs, chat=False))
+        asyncio.run(fetch_all(MediaSources(addresses=LOOPBACK), refs, chat=False))
     assert info.value.part in ("inputs[0]", "inputs[2]")  # whichever failed; never a wrapped group
     refs = [MediaRef("image", "data:image/png;base64,!!", "inputs[0]", "image_url"), refs[2]]
     with pytest.raises(MediaError, match=r"^inputs\[0\]: the payload is not valid base64"):
@@ -346,7 +349,7 @@ def test_refusals_name_the_part_and_reach_no_model():
     ("source", "words"),
     [
         ("http://[::1/a.png", "not a valid URL"),
-        ("http://example.com:99999/a.png", "failed"),
+        ("http://example.com:99999/a.png", "not a valid URL"),
         ("/allowed/\x00.png", "not a readable file"),
         ("file:///allowed/%00.png", "not a readable file"),
     ],
@@ -382,9 +385,9 @@ def test_a_dripping_server_hits_the_fetch_deadline():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        sources = MediaSources(MediaLimits(fetch_timeout_s=0.8))
+        sources = MediaSources(MediaLimits(fetch_timeout_s=0.8), addresses=LOOPBACK)
         started = time.monotonic()
-        with pytest.raises(MediaError, match="timed out after 0.8 s"):
+        with pytest.raises(MediaError, match="no 200 answer within 0.8 s"):
             asyncio.run(
                 sources.load(f"http://127.0.0.1:{server.server_address[1]}/a.png", "image", "inputs[0]")
             )

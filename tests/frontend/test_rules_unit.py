@@ -6,15 +6,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator
 
-from frontend.engine_client.request import Job, temperature_or_default, top_p_or_default
+from frontend.engine_client.request import Job
 from frontend.errors import APIError
 from frontend.streaming import with_error_event
 from tritonlm.sampling.seeds import SEED_SPACE, sequence_seed
 
 
 def test_a_request_without_temperature_or_top_p_samples_at_one():
-    assert temperature_or_default(None) == 1.0 and top_p_or_default(None) == 1.0
-    assert temperature_or_default(0.0) == 0.0 and top_p_or_default(0.5) == 0.5
+    """Where the model has no defaults (frontend.sampling_defaults: its tests)."""
+    values = Job(prompt="Hi").values()
+    assert (values["temperature"], values["runtime_top_p"]) == (1.0, 1.0)
+    values = Job(prompt="Hi", temperature=0.5, top_p=0.5).values()
+    assert (values["temperature"], values["runtime_top_p"]) == (0.5, 0.5)
 
 
 def test_sequence_i_of_a_job_draws_with_seed_plus_i():
