@@ -37,22 +37,40 @@ REQUEST_ID = "tritonlm.request.id"  # the request's X-Request-Id, on its every s
 _ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _EXPORTERS = ("otlp", "console", "none")
 _PROTOCOLS = ("http/protobuf", "grpc")
+UNTRACED = ("/health", "/metrics")  # probes and scrapes: every few seconds, nothing to follow
 
 
-def provider_from_env(environ: Mapping[str, str] = os.environ) -> TracerProvider | None:
-    """The tracer provider the OTEL_* variables ask for, exporting through a BatchSpanProcessor;
-    None when tracing is off. A value we cannot honour is a ConfigError naming its variable."""
+def exporters_wanted(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """The span exporters (otlp, console) the OTEL_* variables ask for; none: tracing is off.
+    A value we cannot honour is a ConfigError naming its variable."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return None
+        return []
     names = [n.strip().lower() for n in environ.get("OTEL_TRACES_EXPORTER", "").split(",") if n.strip()]
     for name in names:
         if name not in _EXPORTERS:
             raise ConfigError(f"OTEL_TRACES_EXPORTER: {name!r} is not one of {', '.join(_EXPORTERS)}")
-    if not names:
-        if not any(environ.get(v, "").strip() for v in _ENDPOINTS):
-            return None
-        names = ["otlp"]
-    names = [n for n in names if n != "none"]
+    if not names and any(environ.get(v, "").strip() for v in _ENDPOINTS):
+        names = ["otlp"]  # the spec's default exporter, once an endpoint says where to
+    if "otlp" in names:
+        otlp_protocol(environ)  # checked before anything starts
+    return [n for n in names if n != "none"]
+
+
+def otlp_protocol(environ: Mapping[str, str]) -> str:
+    variable = next(
+        (v for v in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL") if environ.get(v)),
+        None,
+    )
+    protocol = environ[variable].strip().lower() if variable else "http/protobuf"  # the spec's default
+    if protocol not in _PROTOCOLS:
+        raise ConfigError(f"{variable}: {protocol!r} is not one of {', '.join(_PROTOCOLS)}")
+    return protocol
+
+
+def provider_from_env(environ: Mapping[str, str] = os.environ) -> TracerProvider | None:
+    """The tracer provider the OTEL_* variables ask for, exporting through a BatchSpanProcessor;
+    None when tracing is off."""
+    names = exporters_wanted(environ)
     if not names:
         return None
     # Only now the SDK: a server without tracing never imports it.
@@ -60,13 +78,12 @@ def provider_from_env(environ: Mapping[str, str] = os.environ) -> TracerProvider
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    exporters = [_exporter(name, environ) for name in names]  # every value checked before a thread starts
     resource = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
     provider = TracerProvider(resource=resource)  # the sampler: OTEL_TRACES_SAMPLER[_ARG]
-    for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter))  # OTEL_BSP_*
+    for name in names:
+        provider.add_span_processor(BatchSpanProcessor(_exporter(name, environ)))  # OTEL_BSP_*
     return provider
 
 
@@ -75,20 +92,34 @@ def _exporter(name: str, environ: Mapping[str, str]) -> SpanExporter:
         from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
         return ConsoleSpanExporter()
-    variable = next(
-        (v for v in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL") if environ.get(v)),
-        None,
-    )
-    protocol = environ[variable].strip().lower() if variable else "http/protobuf"  # the spec's default
-    if protocol == "grpc":
+    if otlp_protocol(environ) == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
         return GrpcExporter()
-    if protocol != "http/protobuf":
-        raise ConfigError(f"{variable}: {protocol!r} is not one of {', '.join(_PROTOCOLS)}")
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()  # its endpoint: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or …_ENDPOINT/v1/traces
+
+
+def triton_trace_flags(environ: Mapping[str, str] = os.environ) -> list[str]:
+    """tritonserver's flags for its own OpenTelemetry tracing, when ours exports over OTLP/HTTP (the
+    one protocol Triton speaks), to the same endpoint: Triton traces every request whose gRPC
+    metadata carries a traceparent (the frontend sends one for the spans its sampler keeps), its spans
+    children of the frontend's, and with `rate=0` no other request (a gRPC client's without one).
+    None when tracing is off or exports otherwise."""
+    if "otlp" not in exporters_wanted(environ) or otlp_protocol(environ) != "http/protobuf":
+        return []
+    endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if not endpoint:
+        base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or "http://localhost:4318"
+        endpoint = base.rstrip("/") + "/v1/traces"
+    return [
+        "--trace-config=mode=opentelemetry",
+        "--trace-config=level=TIMESTAMPS",
+        "--trace-config=rate=0",
+        "--trace-config=count=-1",
+        f"--trace-config=opentelemetry,url={endpoint}",
+    ]
 
 
 def mark_failed(span: trace.Span, error: BaseException) -> None:
@@ -114,8 +145,9 @@ def note_error(error: Exception) -> None:
 
 def trace_headers() -> dict[str, str] | None:
     """The current span's context as W3C headers (`traceparent`), for Triton's gRPC metadata: Triton
-    continues the trace when its own OpenTelemetry tracing is on. None outside a recorded span."""
-    if not trace.get_current_span().get_span_context().is_valid:
+    continues the trace when its own OpenTelemetry tracing is on (and traces every request that
+    carries one). None outside a span the sampler kept."""
+    if not trace.get_current_span().get_span_context().trace_flags.sampled:
         return None
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
@@ -123,17 +155,17 @@ def trace_headers() -> dict[str, str] | None:
 
 
 class TracingMiddleware:
-    """A SERVER span per HTTP request, inside the request-id middleware (its id is an attribute),
-    current while the request runs, so the Triton calls' spans are its children. HTTP attributes after
-    OpenTelemetry's HTTP conventions; a response of 400 or more marks the span ERROR with `error.type`
-    its status (the message, when the error handler saw one)."""
+    """A SERVER span per HTTP request (but probes and scrapes), inside the request-id middleware (its
+    id is an attribute), current while the request runs, so the Triton calls' spans are its children.
+    HTTP attributes after OpenTelemetry's HTTP conventions; a response of 400 or more marks the span
+    ERROR with `error.type` its status (the message, when the error handler saw one)."""
 
     def __init__(self, app: ASGIApp, tracer: trace.Tracer) -> None:
         self.app = app
         self.tracer = tracer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in UNTRACED:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)

@@ -17,6 +17,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import SpanKind, StatusCode
 from test_frontend_unit import FakeAioClient, FakeTriton, grpc_response
 
@@ -25,7 +26,13 @@ from frontend.config import ConfigError, FrontendConfig
 from frontend.engine_client.traced import TracedTriton
 from frontend.engine_client.triton import ENGINE, TritonClient
 from frontend.errors import APIError
-from frontend.ops.tracing import REQUEST_ID, TracingMiddleware, provider_from_env, trace_headers
+from frontend.ops.tracing import (
+    REQUEST_ID,
+    TracingMiddleware,
+    provider_from_env,
+    trace_headers,
+    triton_trace_flags,
+)
 from tritonlm.contract import EMBEDDING
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0.5}
@@ -58,9 +65,9 @@ class EmbeddingFakeTriton(FakeTriton):
         return {"embedding": np.ones((rows, 8), np.float32), "token_count": np.full((rows, 1), 3, np.int32)}
 
 
-def traced_client(triton=None) -> tuple[TestClient, InMemorySpanExporter]:
+def traced_client(triton=None, sampler=None) -> tuple[TestClient, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    provider = TracerProvider()
+    provider = TracerProvider(sampler=sampler)
     provider.add_span_processor(SimpleSpanProcessor(exporter))  # each span exported when it ends
     config = FrontendConfig(served_model_name="m", embed_model_name="e")
     app = create_app(config, triton=triton or FakeTriton(), tracer_provider=provider)
@@ -144,6 +151,21 @@ def test_values_it_cannot_honour_are_refused_naming_the_variable(clean_env, env,
         provider_from_env()
 
 
+def test_tritons_own_tracing_joins_when_ours_exports_over_otlp_http(clean_env):
+    assert triton_trace_flags() == []
+    clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")
+    flags = triton_trace_flags()
+    assert "--trace-config=mode=opentelemetry" in flags and "--trace-config=rate=0" in flags
+    assert flags[-1] == "--trace-config=opentelemetry,url=http://collector:4318/v1/traces"
+    clean_env.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:9999/here")
+    assert triton_trace_flags()[-1] == "--trace-config=opentelemetry,url=http://traces:9999/here"
+    clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")  # Triton speaks OTLP/HTTP only
+    assert triton_trace_flags() == []
+    clean_env.delenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "console")
+    assert triton_trace_flags() == []
+
+
 def test_off_adds_nothing_and_never_imports_the_sdk():
     app = create_app(FrontendConfig(served_model_name="m"), triton=(fake := FakeTriton()))
     assert app.state.triton is fake
@@ -225,6 +247,25 @@ def test_a_clients_traceparent_continues_its_trace():
     request = by_name(exporter)["POST /"]
     assert request.context.trace_id == int(TRACE_ID, 16)
     assert request.parent.span_id == int(PARENT_ID, 16) and request.parent.is_remote
+
+
+def test_probes_and_scrapes_are_not_traced():
+    client, exporter = traced_client()
+    assert client.get("/health").status_code == 200 and client.get("/metrics").status_code == 200
+    assert exporter.get_finished_spans() == ()
+
+
+def test_a_request_the_sampler_drops_exports_nothing_and_sends_triton_no_traceparent():
+    seen: list[dict | None] = []
+
+    class Recording(FakeTriton):
+        async def infer(self, model, inputs):
+            seen.append(trace_headers())
+            return await super().infer(model, inputs)
+
+    client, exporter = traced_client(Recording(), sampler=ALWAYS_OFF)
+    assert client.post("/", json={"inputs": "Hi"}).status_code == 200
+    assert exporter.get_finished_spans() == () and seen == [None]
 
 
 def test_a_bad_request_marks_its_span_with_the_status_and_message():
