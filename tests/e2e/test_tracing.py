@@ -2,7 +2,7 @@
 OTEL_EXPORTER_OTLP_ENDPOINT alone, exports its spans over OTLP/HTTP to a collector in this test (a
 plain HTTP server that decodes the protobuf bodies POSTed to /v1/traces): a request's span with its
 Triton calls as children, the request id and the engine's token counts as attributes, a client's trace
-continued, a bad request marked. The spans' details without a server: tests/frontend/test_tracing.py."""
+continued, a bad request marked. The spans' details without a server: tests/frontend/test_tracing_unit.py."""
 
 from __future__ import annotations
 

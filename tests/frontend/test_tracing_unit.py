@@ -26,6 +26,7 @@ from frontend.config import ConfigError, FrontendConfig
 from frontend.engine_client.traced import TracedTriton
 from frontend.engine_client.triton import ENGINE, TritonClient
 from frontend.errors import APIError
+from frontend.ops import tracing
 from frontend.ops.tracing import (
     REQUEST_ID,
     TracingMiddleware,
@@ -164,6 +165,21 @@ def test_tritons_own_tracing_joins_when_ours_exports_over_otlp_http(clean_env):
     clean_env.delenv("OTEL_EXPORTER_OTLP_PROTOCOL")
     clean_env.setenv("OTEL_TRACES_EXPORTER", "console")
     assert triton_trace_flags() == []
+
+
+def test_the_app_flushes_its_queued_spans_when_it_stops(clean_env):
+    exporter = InMemorySpanExporter()
+    clean_env.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    clean_env.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # nothing leaves before the shutdown
+    clean_env.setattr(tracing, "_exporter", lambda name, environ: exporter)
+    with TestClient(create_app(FrontendConfig(served_model_name="m"), triton=FakeTriton())) as client:
+        assert client.post("/", json={"inputs": "Hi"}).status_code == 200
+        assert exporter.get_finished_spans() == ()
+    assert {s.name for s in exporter.get_finished_spans()} == {
+        "POST /",
+        "infer preprocessing",
+        "text_completion m",
+    }
 
 
 def test_off_adds_nothing_and_never_imports_the_sdk():
