@@ -154,6 +154,12 @@ def trace_headers() -> dict[str, str] | None:
     return carrier
 
 
+def trace_id() -> str:
+    """The current trace's id in hex, for log lines; "" outside a span the sampler kept."""
+    span_context = trace.get_current_span().get_span_context()
+    return format(span_context.trace_id, "032x") if span_context.trace_flags.sampled else ""
+
+
 class TracingMiddleware:
     """A SERVER span per HTTP request (but probes and scrapes), inside the request-id middleware (its
     id is an attribute), current while the request runs, so the Triton calls' spans are its children.

@@ -5,6 +5,8 @@ errors marked, and nothing at all when it is off. The live check: tests/e2e/test
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import subprocess
 import sys
 
@@ -27,6 +29,7 @@ from frontend.engine_client.traced import TracedTriton
 from frontend.engine_client.triton import ENGINE, TritonClient
 from frontend.errors import APIError
 from frontend.ops import tracing
+from frontend.ops.access_log import ACCESS_LOGGER, JsonFormatter, RequestIdFilter
 from frontend.ops.tracing import (
     REQUEST_ID,
     TracingMiddleware,
@@ -320,6 +323,28 @@ def test_an_error_after_the_headers_marks_the_request_span_though_its_status_was
         assert r.status_code == 200 and "boom" in r.read().decode()
     request = by_name(exporter)["POST /v1/chat/completions"]
     assert request.status.status_code == StatusCode.ERROR and "boom" in request.status.description
+
+
+def test_log_lines_of_a_traced_request_carry_its_trace_id(caplog):
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    lines: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record)
+
+    handler = Keep()
+    handler.addFilter(RequestIdFilter())  # as log_config attaches it
+    logger = logging.getLogger(ACCESS_LOGGER)
+    logger.addHandler(handler)
+    try:
+        client, exporter = traced_client()
+        assert client.post("/", json={"inputs": "Hi"}).status_code == 200
+    finally:
+        logger.removeHandler(handler)
+    [line] = lines
+    entry = json.loads(JsonFormatter().format(line))
+    assert entry["trace_id"] == format(by_name(exporter)["POST /"].context.trace_id, "032x")
 
 
 def test_embeddings_are_a_genai_embeddings_span():
