@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from opentelemetry.trace import TracerProvider
 
 from frontend import errors
 from frontend.admin.routes import install as install_admin
@@ -16,6 +18,7 @@ from frontend.databricks import routes as databricks
 from frontend.embeddings import routes as embeddings
 from frontend.engine_client.served import ServedModel
 from frontend.engine_client.steps import Triton
+from frontend.engine_client.traced import TracedTriton
 from frontend.engine_client.triton import EMBEDDING
 from frontend.errors import APIError
 from frontend.media import MediaSources
@@ -23,6 +26,7 @@ from frontend.model_traits import read_traits
 from frontend.models import served, traits
 from frontend.openai_api import routes as openai_api
 from frontend.ops import install as install_ops
+from frontend.ops import tracing
 from frontend.responses import routes as responses
 from frontend.responses.store import ResponseStore
 from frontend.routing import open_triton
@@ -30,6 +34,7 @@ from frontend.tgi import routes as tgi
 from frontend.tokenize import routes as tokenize
 from tritonlm.config import EngineConfig
 from tritonlm.lora.format import parse_lora_modules
+from tritonlm.serving.model_set import kind_of
 
 
 def create_app(
@@ -38,6 +43,7 @@ def create_app(
     lora_adapters: list[str] | None = None,
     media_kinds: Sequence[str] | None = None,
     media: MediaSources | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     """The app for `config` (frontend.config: Triton's address, the models' names, API keys, parsers,
     media settings, …).
@@ -48,23 +54,37 @@ def create_app(
     start-up (`engine_lora_adapters`).
     `media_kinds`: the media every model started with takes (image, video, audio); None: what each
     checkpoint's config.json says (none without one: a text-only model).
-    `media`: where media bytes may come from and the limits; None: from `config`."""
+    `media`: where media bytes may come from and the limits; None: from `config`.
+    `tracer_provider`: where the spans go (tests pass the SDK's with an in-memory exporter); None:
+    the one the OTEL_* variables ask for (frontend.ops.tracing), shut down (flushed) with the app, or
+    none: tracing off."""
     triton_url, server_id = config.triton_url(), config.triton_server_id or None
+    own_provider = tracing.provider_from_env() if tracer_provider is None else None
+    provider = tracer_provider or own_provider
+    tracer = provider.get_tracer(tracing.TRACER_NAME) if provider is not None else None
+
+    def traced(client: Triton) -> Triton:
+        """`client`, its calls spans when tracing is on."""
+        return client if tracer is None else TracedTriton(client, tracer, lambda name: served_name(app, name))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if triton is not None:
-            yield
-            return
-        # A Router for several replicas; its per-replica metrics join the frontend's /metrics.
-        client = open_triton(triton_url, server_id=server_id, registry=app.state.metrics.registry)
-        if lora_adapters is None:
-            app.state.lora_adapters = await engine_lora_adapters(client)
-        app.state.triton = client  # the routes' EngineClient runs preprocessing, then the engine
         try:
-            yield
+            if triton is not None:
+                yield
+                return
+            # A Router for several replicas; its per-replica metrics join the frontend's /metrics.
+            client = open_triton(triton_url, server_id=server_id, registry=app.state.metrics.registry)
+            if lora_adapters is None:
+                app.state.lora_adapters = await engine_lora_adapters(client)
+            app.state.triton = traced(client)  # the routes' EngineClient runs preprocessing, then the engine
+            try:
+                yield
+            finally:
+                await client.close()
         finally:
-            await client.close()
+            if own_provider is not None:
+                await asyncio.to_thread(own_provider.shutdown)  # exports the spans still queued
 
     app = FastAPI(title="tritonlm", lifespan=lifespan)
     # Each model's parsers and media from its own checkpoint: it answers as it would served alone.
@@ -81,9 +101,9 @@ def create_app(
     app.state.responses_store = ResponseStore(config.responses_store_size)  # Responses' store, in memory
     app.state.media = media if media is not None else MediaSources.from_config(config)
     if triton is not None:
-        app.state.triton = triton
+        app.state.triton = traced(triton)
     errors.install(app)
-    install_ops(app, config)
+    install_ops(app, config, tracer)
 
     @app.get("/health")
     async def health(request: Request) -> dict[str, str]:
@@ -119,6 +139,17 @@ def create_app(
     app.include_router(embeddings.router)
     app.include_router(tokenize.router)
     return app
+
+
+def served_name(app: FastAPI, triton_name: str) -> str:
+    """The name clients give the model a Triton model belongs to (its spans' gen_ai.request.model)."""
+    kind = kind_of(triton_name)
+    if kind == EMBEDDING:
+        return app.state.embed_model_name
+    for model in app.state.served_models.values():
+        if model.models.triton_name(kind) == triton_name:
+            return model.name
+    return triton_name
 
 
 def triton_models(served_models: Iterable[ServedModel]) -> tuple[str, ...]:

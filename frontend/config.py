@@ -7,8 +7,10 @@ One rule for all: a flag given on the command line wins, then a non-empty enviro
 then the default. Booleans are spelled 1/true/yes/on or 0/false/no/off (any case); any other value,
 like any value of the wrong type, is a `ConfigError` naming the setting and where it came from.
 The launcher reads its settings here and passes them to its child processes in their environment;
-nothing else in the frontend or the launcher reads the environment. `docs/settings.md`'s tables are
-generated from the fields (`make configs`), and a test fails when they drift.
+nothing else in the frontend or the launcher reads the environment but OpenTelemetry's standard
+OTEL_* variables (frontend/ops/tracing.py and the SDK: docs/operations.md#tracing).
+`docs/settings.md`'s tables are generated from the fields (`make configs`), and a test fails when
+they drift.
 
 No torch here: the launcher imports this module.
 """

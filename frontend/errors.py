@@ -199,6 +199,9 @@ async def handle(request: Request, exc: Exception) -> Response:
         return Response(status_code=499)  # nobody reads it; the status shows up in access logs
     anthropic = is_anthropic_route(request)
     error = _as_api_error(exc, dotted=anthropic)
+    from frontend.ops.tracing import note_error  # here: frontend.ops imports this module
+
+    note_error(error)  # the request's span, when tracing is on, says what the client was told
     headers = dict(error.headers or {})
     if error.status in (429, 503):
         headers.setdefault("Retry-After", RETRY_AFTER_SECONDS)

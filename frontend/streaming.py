@@ -17,6 +17,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from frontend.errors import APIError, ClientDisconnected, internal_error
+from frontend.ops.tracing import note_error
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -37,9 +38,11 @@ async def with_error_event(
             async for event in events:
                 yield event
     except APIError as exc:
+        note_error(exc)  # the request's span: its status said 200
         yield error_event(exc)
     except Exception:
         log.exception("stream failed after its headers were sent")
+        note_error(internal_error())
         yield error_event(internal_error())
     finally:
         with contextlib.suppress(Exception):

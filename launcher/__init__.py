@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from frontend.config import FrontendConfig
+from frontend.ops.tracing import triton_trace_flags
 from launcher import processes
 from tritonlm import contract, setup
 from tritonlm.config import ConfigError, EngineConfig
@@ -158,6 +159,7 @@ def start_triton(
         f"--exit-timeout-secs={TRITON_EXIT_TIMEOUT_S}",
         "--log-info=true",
         f"{SHM_PREFIX_OPTION}tritonlm_{uuid.uuid4().hex[:12]}_",
+        *triton_trace_flags(env),  # with OTEL_*: Triton's spans join the frontend's traces
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log_file:  # the child keeps its own descriptor

@@ -29,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 
 from frontend.errors import APIError
 from frontend.ops.context import request_id
+from frontend.ops.tracing import trace_headers
 from tritonlm import contract
 from tritonlm.contract import (
     EMBEDDING,
@@ -243,7 +244,9 @@ class TritonClient:
 
     async def infer(self, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
-            result = await self._client.infer(model, _inputs(model, inputs), request_id=request_id())
+            result = await self._client.infer(
+                model, _inputs(model, inputs), request_id=request_id(), headers=trace_headers()
+            )
         except InferenceServerException as exc:
             raise _error(str(exc)) from None
         return _outputs(result.get_response())
@@ -278,7 +281,9 @@ class TritonClient:
             yield request
             await over.wait()  # keep our side of the stream open until the final response
 
-        call = self._client._client_stub.ModelStreamInfer(requests())
+        # The request's span context (traceparent), when tracing is on: Triton's own spans join it.
+        metadata = tuple((trace_headers() or {}).items())
+        call = self._client._client_stub.ModelStreamInfer(requests(), metadata=metadata)
         finished = False
         try:
             async for response in call:

@@ -1,10 +1,11 @@
-"""Operations around the APIs: API keys, request ids, body limit, metrics, access logs, and the
-error statuses in /openapi.json. `install` plugs them all into the app; their settings are
+"""Operations around the APIs: API keys, request ids, body limit, metrics, access logs, tracing, and
+the error statuses in /openapi.json. `install` plugs them all into the app; their settings are
 `frontend.config.FrontendConfig`'s."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from opentelemetry.trace import Tracer
 from starlette.responses import Response
 
 from frontend.admin import is_admin_path
@@ -18,11 +19,12 @@ from frontend.ops.limits import BodyLimitMiddleware
 from frontend.ops.metrics import FrontendMetrics, MetricsMiddleware
 from frontend.ops.openapi import document_errors
 from frontend.ops.request_id import RequestIdMiddleware
+from frontend.ops.tracing import TracingMiddleware
 
 
-def install(app: FastAPI, settings: FrontendConfig) -> None:
-    """Add the middlewares (outermost first: request id, access log, metrics, API keys, body limit,
-    error guard), `GET /metrics`, and the documented error statuses."""
+def install(app: FastAPI, settings: FrontendConfig, tracer: Tracer | None = None) -> None:
+    """Add the middlewares (outermost first: request id, the request's span with `tracer`, access log,
+    metrics, API keys, body limit, error guard), `GET /metrics`, and the documented error statuses."""
     app.state.ops = settings
     app.state.metrics = metrics = FrontendMetrics()
     # vLLM's series for inference gateways, read from the engines at each scrape.
@@ -44,5 +46,7 @@ def install(app: FastAPI, settings: FrontendConfig) -> None:
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys, own_key=admin)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(AccessLogMiddleware)
+    if tracer is not None:  # tracing off: not even a pass-through
+        app.add_middleware(TracingMiddleware, tracer=tracer)
     app.add_middleware(RequestIdMiddleware)
     document_errors(app)

@@ -13,6 +13,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from frontend.ops.context import current, request_id, route_of
+from frontend.ops.tracing import trace_id
 
 ACCESS_LOGGER = "tritonlm.access"
 log = logging.getLogger(ACCESS_LOGGER)
@@ -23,11 +24,14 @@ _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "reque
 
 
 class RequestIdFilter(logging.Filter):
-    """Tags every log record with the current request's id ("-" outside a request)."""
+    """Tags every log record with the current request's id ("-" outside a request) and, with tracing
+    on, its trace's id (`trace_id`, in JSON lines: the way from a log line to its trace)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not getattr(record, "request_id", None):
             record.request_id = request_id() or "-"
+        if trace := trace_id():
+            record.trace_id = trace
         return True
 
 

@@ -554,7 +554,8 @@ class FakeStub:
     def __init__(self, responses):
         self.responses = responses
 
-    def ModelStreamInfer(self, requests):  # noqa: N802 (gRPC's name)
+    def ModelStreamInfer(self, requests, metadata=()):  # noqa: N802 (gRPC's name)
+        self.metadata = metadata
         self.call = FakeCall(self.responses, requests)
         return self.call
 
