@@ -207,3 +207,7 @@ def test_perf_metrics_count_the_prompts_blocks():
     declared = {t.name: t.dtype for t in contract.LLM_API_OUTPUTS}
     for name, value in outputs.items():
         assert value.dtype == contract.NUMPY_DTYPES[declared[name]], name
+
+
+def test_stop_strings_all_empty_stop_nothing():
+    assert "stop_words" not in call(sampling_param_stop=np.array([b""], object)).inputs

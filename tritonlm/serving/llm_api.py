@@ -23,7 +23,7 @@ from tritonlm.request_tensors import RequestTensors
 
 INPUTS: tuple[contract.Tensor, ...] = tuple(t for t, _ in contract.LLM_API_INPUTS)
 _TARGET = {t.name: target for t, target in contract.LLM_API_INPUTS if target}
-_ENSEMBLE_TYPES = {t.name: t.dtype for t, _ in contract.ENSEMBLE_INPUTS}
+_ENSEMBLE = {t.name: t for t, _ in contract.ENSEMBLE_INPUTS}
 _OUTPUT_TYPES = {t.name: contract.NUMPY_DTYPES[t.dtype] for t in contract.LLM_API_OUTPUTS}
 
 # Ours → the LLM API's: what a finished sequence reports ("None" until then, as str(None) reads).
@@ -77,17 +77,18 @@ class Call:
 def _ensemble_value(name: str, reader: RequestTensors) -> np.ndarray | None:
     """The value of the LLM-API input `name` for its ensemble input, checked (bounds, one value,
     UTF-8) under its own name; None when absent without a default."""
-    tensor = reader.declared[name]
+    tensor, target = reader.declared[name], _ENSEMBLE[_TARGET[name]]
     if name not in reader and tensor.optional and tensor.default is None:
         return None
-    dtype = contract.NUMPY_DTYPES[_ENSEMBLE_TYPES[_TARGET[name]]]
-    if tensor.dtype == "BYTES" and tensor.dims == (-1,) and name != "text_input":
-        return np.array([s.encode() for s in reader.texts(name)], dtype=dtype)
-    if tensor.dtype == "BYTES":
+    dtype = contract.NUMPY_DTYPES[target.dtype]
+    if target.dtype == "BYTES" and target.dims == (-1,):  # a list: the stop strings
+        texts = [s.encode() for s in reader.texts(name)]
+        return np.array(texts, dtype=dtype) if texts else None
+    if target.dtype == "BYTES":  # the prompt, the adapter's name: one text
         return np.array([reader.text(name).encode()], dtype=dtype)
-    if tensor.dtype == "FP32":
+    if target.dtype == "FP32":
         return np.array([reader.number(name)], dtype=dtype)
-    if tensor.dtype == "BOOL":
+    if target.dtype == "BOOL":
         return np.array([reader.flag(name)], dtype=dtype)
     return np.array([reader.integer(name)], dtype=dtype)
 
