@@ -6,6 +6,7 @@ in our own names on the ensemble."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
@@ -87,6 +88,20 @@ def test_llm_api_greedy_text_equals_ours_over_grpc_and_generate(servers):
     (response,) = grpc(servers, "tensorrt_llm", arrays)
     assert text(response["text_output"]) == expected
     assert set(response) == {"text_output"}  # nothing else unless a return_* input asks
+
+
+def test_llm_api_requests_overlap(servers):
+    """Each request runs on a thread of its own: concurrent streams each get their own text."""
+    prompts = ["Hello", "Tell me a story", "What is machine learning?", "🎉 party"]
+    expected = [ours(servers, {"text_input": p, "max_tokens": 12})["text_output"] for p in prompts]
+
+    def run(prompt: str) -> str:
+        body = {"text_input": prompt, "sampling_param_max_tokens": 12, "streaming": True}
+        streamed = events(generate(servers, "tensorrt_llm", body, "generate_stream"))
+        return streamed[-1]["text_output"]
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        assert list(pool.map(run, prompts)) == expected
 
 
 def test_llm_api_defaults_are_tensorrt_llms(servers):
