@@ -62,6 +62,9 @@ NUMPY_DTYPES: dict[str, type] = {
 PREPROCESSING, ENGINE, POSTPROCESSING, ENSEMBLE, EMBEDDING, MULTIMODAL_ENCODER = (
     "preprocessing", "engine", "postprocessing", "ensemble", "embedding", "multimodal_encoder"
 )  # fmt: skip
+# NVIDIA's names over the ensemble: TensorRT-LLM's LLM-API model, and its BLS model's (the ensemble's
+# tensors with a batch dimension; what Triton's OpenAI frontend sends).
+LLM_API, TRTLLM_BLS = "tensorrt_llm", "tensorrt_llm_bls"
 
 
 def _scalar(
@@ -483,6 +486,66 @@ ENSEMBLE_INPUTS: tuple[tuple[Tensor, str], ...] = (
 # Ensemble outputs: every postprocessing output, without the out_ prefix.
 ENSEMBLE_OUTPUTS: tuple[Tensor, ...] = tuple(
     Tensor(t.name.removeprefix("out_"), t.dtype, t.dims) for t in POSTPROCESSING_OUTPUTS
+)
+
+# ---------------------------------------------------------------------------------------------
+# tensorrt_llm: TensorRT-LLM's LLM-API Triton model (triton_backend/all_models/llmapi/tensorrt_llm),
+# its inputs and outputs by name, type and shape, over the ensemble (tritonlm/serving/llm_api.py).
+# Each input with the ensemble input it feeds ("" where llm_api.py reads it itself); its default is
+# the LLM API's (SamplingParams: max_tokens 32; the Triton model: exclude_input_from_output false).
+# An absent sampling setting is the engine's default, as SamplingParams' None is the runtime's.
+LLM_API_INPUTS: tuple[tuple[Tensor, str], ...] = (
+    (Tensor("text_input", "BYTES", (-1,), optional=False), "text_input"),
+    (_scalar("streaming", "BOOL", False), "stream"),
+    (_scalar("sampling_param_best_of", "INT32", 1), ""),  # only 1: one sequence per request
+    (_scalar("sampling_param_temperature", "FP32", bounds=Bounds(0.0)), "temperature"),
+    (_scalar("sampling_param_top_k", "INT32", bounds=_AT_LEAST_0), "top_k"),
+    (_scalar("sampling_param_top_p", "FP32", bounds=_PROBABILITY), "top_p"),
+    (_scalar("sampling_param_frequency_penalty", "FP32"), "frequency_penalty"),
+    (_scalar("sampling_param_presence_penalty", "FP32"), "presence_penalty"),
+    (_scalar("sampling_param_max_tokens", "INT32", 32, _AT_LEAST_1), "max_tokens"),
+    (Tensor("sampling_param_stop", "BYTES", (-1,)), "stop_words"),
+    (_scalar("sampling_param_seed", "UINT64"), "random_seed"),
+    (_scalar("sampling_param_exclude_input_from_output", "BOOL", False), "exclude_input_in_output"),
+    (_scalar("sampling_param_return_perf_metrics", "BOOL", False), "return_perf_metrics"),
+    # Which of the outputs below a response carries besides text_output.
+    (_scalar("return_finish_reason", "BOOL", False), ""),
+    (_scalar("return_stop_reason", "BOOL", False), ""),
+    (_scalar("return_cumulative_logprob", "BOOL", False), "return_log_probs"),
+    # Refused when true: cancelling another request by its id (the engine cancels a request
+    # whose client goes away, not by id).
+    (_scalar("stop", "BOOL", False), ""),
+    # LoRA: an adapter loaded at start-up (lora_modules) by lora_name; lora_id and lora_path (an
+    # adapter read from a path the client names) are refused, with what to send instead.
+    (_scalar("lora_name", "BYTES"), "lora_name"),
+    (_scalar("lora_id", "UINT64"), ""),
+    (_scalar("lora_path", "BYTES"), ""),
+    (_scalar("lora_ckpt_source", "BYTES"), ""),
+    (Tensor("image_url", "BYTES", (-1,)), ""),  # refused: media go to the ensemble's `media`
+)
+
+LLM_API_OUTPUTS: tuple[Tensor, ...] = (
+    # The whole text so far (LLM API's CompletionOutput.text; streamed, each response repeats it).
+    Tensor("text_output", "BYTES", (-1,)),
+    # return_finish_reason: "stop" (end token or a stop string), "length", "cancelled"; "None"
+    # until the last response (LLM API's str(None)).
+    Tensor("finish_reason", "BYTES", (-1,)),
+    Tensor("stop_reason", "BYTES", (-1,)),  # return_stop_reason: the stop string, else "None"
+    Tensor("cumulative_logprob", "FP32", (-1,)),  # return_cumulative_logprob
+    # sampling_param_return_perf_metrics: KV blocks of this request (the prompt's blocks reused
+    # from the prefix cache, missed, and their ratio) and the request's times (monotonic, ns).
+    Tensor("kv_cache_reused_block", "INT32", (-1,)),
+    Tensor("kv_cache_missed_block", "INT32", (-1,)),
+    Tensor("kv_cache_alloc_new_blocks", "INT32", (-1,)),
+    Tensor("kv_cache_alloc_total_blocks", "INT32", (-1,)),
+    Tensor("kv_cache_hit_rate", "FP32", (-1,)),
+    Tensor("arrival_time_ns", "INT64", (1,)),
+    Tensor("first_scheduled_time_ns", "INT64", (1,)),
+    Tensor("first_token_time_ns", "INT64", (1,)),
+    Tensor("last_token_time_ns", "INT64", (1,)),
+    Tensor("acceptance_rate", "FP32", (1,)),
+    Tensor("total_accepted_draft_tokens", "INT32", (1,)),
+    Tensor("total_draft_tokens", "INT32", (1,)),
 )
 
 # ---------------------------------------------------------------------------------------------

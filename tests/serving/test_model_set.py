@@ -51,8 +51,10 @@ def test_kv_shares_split_what_is_not_named() -> None:
 def test_the_repository_points_each_model_at_its_checkpoint(tmp_path: Path) -> None:
     models = parse_model_dirs(("/m/a", "/m/b"))
     names = repository.write(tmp_path, models, {"a": 0.5, "b": 0.5})
-    assert names[:5] == ("engine", "preprocessing", "postprocessing", "multimodal_encoder", "ensemble")
-    assert names[5:] == tuple(f"b__{n}" for n in names[:5]) + ("embedding",)
+    kinds = ("engine", "preprocessing", "postprocessing", "multimodal_encoder", "ensemble")
+    kinds += ("tensorrt_llm", "tensorrt_llm_bls")  # NVIDIA's names, over the ensemble
+    assert names[:7] == kinds
+    assert names[7:] == tuple(f"b__{n}" for n in kinds) + ("embedding",)
 
     def config(name: str) -> model_config_pb2.ModelConfig:
         text = (tmp_path / name / "config.pbtxt").read_text()

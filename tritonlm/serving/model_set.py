@@ -1,5 +1,6 @@
 """Several generative models in one tritonserver: each served model is a set of Triton models (its
-encoder, preprocessing, engine, postprocessing and ensemble), named here and nowhere else.
+encoder, preprocessing, engine, postprocessing, ensemble, and TensorRT-LLM's
+`tensorrt_llm` and `tensorrt_llm_bls` over the ensemble), named here and nowhere else.
 
 The first served model (the only one with MODEL_DIR) keeps the plain names (`engine`,
 `preprocessing`, …), so gRPC clients and a one-model server see what they always did; every other
@@ -16,10 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tritonlm.config import ConfigError
-from tritonlm.contract import ENGINE, ENSEMBLE, MULTIMODAL_ENCODER, POSTPROCESSING, PREPROCESSING
+from tritonlm.contract import (
+    ENGINE,
+    ENSEMBLE,
+    LLM_API,
+    MULTIMODAL_ENCODER,
+    POSTPROCESSING,
+    PREPROCESSING,
+    TRTLLM_BLS,
+)
 
-# One served model's Triton models, in the order they load (the ensemble names the others).
-KINDS = (ENGINE, PREPROCESSING, POSTPROCESSING, MULTIMODAL_ENCODER, ENSEMBLE)
+# One served model's Triton models, in the order they load (the ensemble names the others;
+# tensorrt_llm and tensorrt_llm_bls call the ensemble).
+KINDS = (ENGINE, PREPROCESSING, POSTPROCESSING, MULTIMODAL_ENCODER, ENSEMBLE, LLM_API, TRTLLM_BLS)
 SEPARATOR = "__"  # between a model's prefix and its kind; no kind contains it
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 

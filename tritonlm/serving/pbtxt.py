@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tritonlm import config, contract, settings
 from tritonlm.contract import Tensor
+from tritonlm.serving import trtllm_bls
 
 ROOT = Path(__file__).resolve().parents[2]
 REPOSITORY = ROOT / "model_repository"
@@ -76,7 +77,7 @@ def _python_model(
     text = HEADER + f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
     if decoupled:
         text += "model_transaction_policy { decoupled: true }\n"
-    if max_batch_size:
+    if max_batch_size > 1:  # a batch of one has nothing to wait for
         text += f"dynamic_batching {{ max_queue_delay_microseconds: {BATCH_DELAY_US} }}\n"
     text += _tensor_block("input", inputs) + _tensor_block("output", outputs)
     text += "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
@@ -161,6 +162,21 @@ def render() -> dict[str, str]:
             max_batch_size=contract.ENCODER_MAX_BATCH_SIZE,
         ),
         "ensemble": ensemble,
+        contract.LLM_API: _python_model(
+            contract.LLM_API,
+            tuple(t for t, _ in contract.LLM_API_INPUTS),
+            contract.LLM_API_OUTPUTS,
+            decoupled=True,
+            params={},
+        ),
+        contract.TRTLLM_BLS: _python_model(
+            contract.TRTLLM_BLS,
+            trtllm_bls.INPUTS,
+            trtllm_bls.OUTPUTS,
+            decoupled=True,
+            params={},
+            max_batch_size=trtllm_bls.MAX_BATCH_SIZE,
+        ),
         "embedding": _python_model(
             "embedding",
             contract.EMBEDDING_INPUTS,
