@@ -15,7 +15,16 @@ from typing import Annotated, Any, Literal
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
-from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
+from frontend.chat_tools.reasoning import EFFORTS, effort_kwargs
+from frontend.chat_tools.tools import (
+    FunctionCallChoice,
+    FunctionDefinition,
+    Tool,
+    ToolChoice,
+    ToolSpec,
+    legacy_tool_spec,
+    tool_spec,
+)
 from frontend.engine_client import guides
 from frontend.engine_client.request import Guide, Job, temperature_or_default, top_p_or_default
 from frontend.errors import APIError
@@ -30,6 +39,17 @@ from frontend.field_rules import (
 )
 from frontend.media.parts import CHAT_PARTS, TextPart, parts_validator
 from frontend.openai_api import prompt_embeds
+from frontend.openai_api.fields import (
+    Audio,
+    Modalities,
+    Moderation,
+    OpenAIFields,
+    Prediction,
+    PromptCacheSetting,
+    Suffix,
+    Verbosity,
+    WebSearchOptions,
+)
 
 MAX_PROMPT_CHARS = 4 * 1024 * 1024  # "0 KB < characters <= 4 MB"
 MAX_STOP_CHARS = 32 * 1024  # OpenAI completions: a stop string, or all of a list, at most 32768 characters
@@ -221,6 +241,7 @@ def _sampling(request: ChatCompletionRequest | CompletionRequest) -> dict[str, A
         "stream": bool(request.stream),
         "stream_usage": _stream_usage(bool(request.stream), request.stream_options),
         "priority": request.priority or 0,
+        "logit_bias": request.logit_bias,
     }
 
 
@@ -232,7 +253,7 @@ def _top_k(value: int | None) -> int:
 # POST /v1/chat/completions (OpenAI chat completions)
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(OpenAIFields):
     model_config = STRICT_BODY
 
     model: str
@@ -267,15 +288,29 @@ class ChatCompletionRequest(BaseModel):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: Flag = None
+    functions: list[FunctionDefinition] | None = None  # deprecated: tools (a reply's call is function_call)
+    function_call: FunctionCallChoice | None = None  # deprecated: tool_choice
+    # The template's thinking switch (frontend.chat_tools.reasoning.effort_kwargs).
+    reasoning_effort: Literal[EFFORTS] | None = None  # type: ignore[valid-type]
+    modalities: Modalities = None  # only ["text"]
+    # OpenAI's, not served: each a 400 that says what to send instead.
+    verbosity: Verbosity = None
+    prediction: Prediction = None
+    audio: Audio = None
+    web_search_options: WebSearchOptions = None
+    moderation: Moderation = None
+    prompt_cache_retention: PromptCacheSetting = None
+    prompt_cache_options: PromptCacheSetting = None
 
-    def to_job(self) -> Job:
+    def to_job(self, reasoning_parser: str = "think") -> Job:
+        """The request as a Job; `reasoning_parser`: the served model's (`none`: it does not reason)."""
         max_tokens = self.max_completion_tokens or self.max_tokens
         if self.max_tokens and self.max_completion_tokens and self.max_tokens != self.max_completion_tokens:
             raise bad_request("must equal max_tokens when both are given", "max_completion_tokens")
         job = Job(
             messages=chat_messages(self.messages),
-            chat_template_kwargs=self.chat_template_kwargs,
-            tools=tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls),
+            chat_template_kwargs=self._template_kwargs(reasoning_parser),
+            tools=self._tools(),
             max_tokens=max_tokens,
             **_sampling(self),
             prompt_param="messages",
@@ -286,6 +321,29 @@ class ChatCompletionRequest(BaseModel):
         _chat_logprobs(job, self.logprobs, self.top_logprobs)
         _sequences(job, self.n, self.best_of, bool(self.use_beam_search), job.stream)
         return job
+
+    def _tools(self) -> ToolSpec | None:
+        """tools / tool_choice, or the deprecated functions / function_call: not both kinds."""
+        for legacy, current in (("functions", "tools"), ("function_call", "tool_choice")):
+            if getattr(self, legacy) is not None and getattr(self, current) is not None:
+                raise bad_request(f"give {current} or the deprecated {legacy}, not both", legacy)
+        if self.functions is not None or self.function_call is not None:
+            if self.parallel_tool_calls:
+                raise bad_request("only with tools (functions make one call a reply)", "parallel_tool_calls")
+            return legacy_tool_spec(self.functions, self.function_call)
+        return tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def _template_kwargs(self, reasoning_parser: str) -> dict[str, Any] | None:
+        """chat_template_kwargs with reasoning_effort's thinking switch; a contradiction is a 400."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        for name, value in effort_kwargs(self.reasoning_effort, reasoning_parser).items():
+            if kwargs.setdefault(name, value) != value:
+                raise bad_request(
+                    f"{self.reasoning_effort!r} sets {name} {str(value).lower()}, but chat_template_kwargs "
+                    f"sets it {str(kwargs[name]).lower()}; give one of them",
+                    "reasoning_effort",
+                )
+        return kwargs if kwargs or self.chat_template_kwargs is not None else None
 
 
 def _guide(job: Job, response_format: Any, structured_outputs: Any) -> None:
@@ -329,7 +387,7 @@ def _chat_logprobs(job: Job, logprobs: bool | None, top_logprobs: int | None) ->
 # POST /v1/completions (OpenAI completions)
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(OpenAIFields):
     model_config = STRICT_BODY
 
     model: str
@@ -360,6 +418,7 @@ class CompletionRequest(BaseModel):
     echo: Flag = None
     response_format: dict[str, Any] | None = None  # structured output (frontend.engine_client.guides)
     structured_outputs: dict[str, Any] | None = None  # vLLM's
+    suffix: Suffix = None  # OpenAI's, not served
 
     def to_jobs(self) -> list[Job]:
         """One job, or one per prompt_embeds tensor (each with the prompt after it, if given)."""
