@@ -140,22 +140,32 @@ class ToolCall(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = STRICT_BODY
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "user", "assistant", "tool", "function"]  # function: deprecated, a tool's
     # Media parts (image_url, video_url, audio_url, input_audio: frontend.media.parts) are checked
     # against the served model and fetched by the route.
     content: Annotated[str | list[Any] | None, parts_validator(CHAT_PARTS, "a string", nullable=True)] = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # The deprecated function calling: an assistant's one call, and the function a `function`
+    # message answers for (chat_messages turns both into tool calling).
+    function_call: FunctionCall | None = None
+    name: str | None = None
 
     @model_validator(mode="after")
     def _roles(self) -> ChatMessage:
         if self.tool_calls and self.role != "assistant":
             raise ValueError("tool_calls: only an assistant message has tool calls")
+        if self.function_call and self.role != "assistant":
+            raise ValueError("function_call: only an assistant message has one")
+        if self.tool_calls and self.function_call:
+            raise ValueError("function_call: give tool_calls or the deprecated function_call, not both")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("tool_call_id: required when role is tool")
         if self.role != "tool" and self.tool_call_id is not None:
             raise ValueError("tool_call_id: only a tool message has one")
-        if self.content is None and not self.tool_calls:
+        if (self.role == "function") != (self.name is not None):
+            raise ValueError("name: required when role is function (the function's), and only then")
+        if self.content is None and not (self.tool_calls or self.function_call):
             raise ValueError("content: required (only an assistant message with tool_calls may omit it)")
         return self
 
@@ -170,7 +180,24 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         raise bad_request("must have at least one message", "messages")
     if sum(m.chars() for m in messages) > MAX_PROMPT_CHARS:
         raise bad_request(f"must have at most {MAX_PROMPT_CHARS} characters of content in all", "messages")
-    return [m.model_dump(exclude_none=True) for m in messages]
+    return _as_tool_calling([m.model_dump(exclude_none=True) for m in messages])
+
+
+def _as_tool_calling(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The deprecated function-calling turns as the tool-calling ones templates render: an
+    assistant's `function_call` its one tool call (id `call_<message index>`), a `function` message
+    the tool message answering the last call of that function."""
+    calls: dict[str, str] = {}  # function name -> its last call's id
+    out = []
+    for i, message in enumerate(messages):
+        if "function_call" in message:
+            call = message.pop("function_call")
+            calls[call["name"]] = f"call_{i}"
+            message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": call}]
+        elif message["role"] == "function":
+            message = {**message, "role": "tool", "tool_call_id": calls.get(message["name"], message["name"])}
+        out.append(message)
+    return out
 
 
 class StreamOptions(BaseModel):

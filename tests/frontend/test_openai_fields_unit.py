@@ -142,7 +142,7 @@ def test_embedding_bias_without_a_vocab_size():
 
 
 def job(**body):
-    return ChatCompletionRequest(model="m", messages=MESSAGES, **body)
+    return ChatCompletionRequest(model="m", **{"messages": MESSAGES, **body})
 
 
 def test_reasoning_effort_is_the_thinking_switch():
@@ -289,3 +289,23 @@ def test_render_of_rows_past_the_vocabulary_has_no_text():
 def test_schemas_take_the_same_fields_on_both_apis():
     shared = {"logit_bias", *NO_EFFECT}
     assert shared <= set(ChatCompletionRequest.model_fields) & set(CompletionRequest.model_fields)
+
+
+def test_deprecated_function_turns_render_as_tool_calls():
+    call = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    history = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "function_call": call},
+        {"role": "function", "name": "get_weather", "content": "21C"},
+    ]
+    assert job(messages=history, functions=[FUNCTION]).to_job().messages == [
+        *MESSAGES,
+        {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function", "function": call}]},
+        {"role": "tool", "name": "get_weather", "content": "21C", "tool_call_id": "call_1"},
+    ]
+    for bad, param in (
+        ({"role": "function", "content": "21C"}, "name"),
+        ({"role": "user", "content": "x", "name": "f"}, "name"),
+        ({"role": "user", "content": "x", "function_call": call}, "function_call"),
+    ):
+        assert error(chat(FakeTriton(), messages=[bad]))[1].startswith(f"messages[0]: {param}:")
