@@ -86,7 +86,7 @@ class OpenAIFields(BaseModel):
     service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    store: Annotated[bool | None, PlainValidator(_store)] = None
+    store: Annotated[bool | None, PlainValidator(_store, json_schema_input_type=Literal[False] | None)] = None
 
 
 def _modalities(value: Any) -> Any:
