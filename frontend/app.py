@@ -31,6 +31,7 @@ from frontend.responses import routes as responses
 from frontend.responses.store import ResponseStore
 from frontend.routing import open_triton
 from frontend.tgi import routes as tgi
+from frontend.tokenize import render
 from frontend.tokenize import routes as tokenize
 from tritonlm.config import EngineConfig
 from tritonlm.lora.format import parse_lora_modules
@@ -138,6 +139,7 @@ def create_app(
     app.include_router(databricks.router)  # before embeddings: its invocations route serves all tasks
     app.include_router(embeddings.router)
     app.include_router(tokenize.router)
+    app.include_router(render.router)
     return app
 
 

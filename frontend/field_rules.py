@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, Field, PlainValidator
 
 MAX_INT32 = 2**31 - 1
 MAX_UINT64 = 2**64 - 1  # a seed: the engine's random_seed is a UINT64
@@ -84,6 +84,43 @@ def priority(value: Any) -> int | None:
 
 
 Priority = Annotated[int | None, BeforeValidator(priority)]
+
+MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512  # OpenAI's `metadata` limits
+
+
+def metadata(value: Any) -> Any:
+    """OpenAI's `metadata`: at most 16 string pairs, keys of at most 64 characters, values of 512."""
+    if value is None:
+        return None
+    ok = isinstance(value, dict) and len(value) <= MAX_METADATA_PAIRS
+    ok = ok and all(
+        isinstance(k, str)
+        and isinstance(v, str)
+        and len(k) <= MAX_METADATA_KEY
+        and len(v) <= MAX_METADATA_VALUE
+        for k, v in value.items()
+    )
+    if not ok:
+        raise ValueError(
+            f"must be an object of at most {MAX_METADATA_PAIRS} string values, keys of at most "
+            f"{MAX_METADATA_KEY} characters, values of at most {MAX_METADATA_VALUE}"
+        )
+    return value
+
+
+Metadata = Annotated[dict[str, str] | None, BeforeValidator(metadata)]
+
+
+def refused(instead: str = "leave it out (or null)") -> Any:
+    """A documented parameter this server does not serve: given (not null), a 400 naming it that says
+    what to send `instead`; the OpenAPI description says the same."""
+
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        raise ValueError(f"not supported by this server; {instead}")
+
+    return Annotated[Any, PlainValidator(check), Field(description=f"Not supported: {instead}.")]
 
 
 def resolved_under(path: str, roots: Sequence[Path]) -> Path | None:

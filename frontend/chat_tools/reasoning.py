@@ -62,3 +62,18 @@ class ThinkSplitter:
     def finish(self) -> tuple[str, str]:
         rest, self._buffer = self._buffer, ""
         return (rest, "") if self._state == "thought" else ("", rest)
+
+
+# OpenAI's `reasoning_effort` values, the least first; the first two turn thinking off.
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+_NO_THOUGHT = ("none", "minimal")
+
+
+def effort_kwargs(effort: str | None, reasoning_parser: str) -> dict[str, object]:
+    """The chat template kwargs `reasoning_effort` sets: the templates' thinking switch,
+    `enable_thinking`, false for none and minimal, true for low to max (there is no thinking budget
+    to scale). A model that does not reason (reasoning parser `none`) takes any effort unchanged,
+    as vLLM does (clients and agents send one to every model)."""
+    if effort is None or reasoning_parser == "none":
+        return {}
+    return {"enable_thinking": effort not in _NO_THOUGHT}

@@ -10,12 +10,14 @@ template, which grammar enforces a call, and how the reply is read.
 - `required` / a named function: the grammar makes the reply a call (a JSON list of
   `{"name", "arguments"}` objects, one when `parallel_tool_calls` is false) or the named function's
   arguments, validated against the tools' `parameters` schemas.
+- OpenAI's deprecated `functions` / `function_call` are the same tools and choice, one call per
+  reply (`legacy_tool_spec`); the reply then names its call `function_call`, as OpenAI's does.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, field_validator
@@ -76,6 +78,21 @@ def _tool_choice(value: Any) -> Any:
 ToolChoice = Annotated[Literal["none", "auto", "required"] | ToolChoiceObject, BeforeValidator(_tool_choice)]
 
 
+def _function_call(value: Any) -> Any:
+    if value is None or value in ("none", "auto"):
+        return value
+    if isinstance(value, dict):
+        try:
+            return NamedFunction.model_validate(value)
+        except ValidationError:
+            pass
+    raise ValueError('must be "none", "auto" or {"name": "..."}')
+
+
+# The deprecated `function_call`: tool_choice's "none", "auto" or a named function, as OpenAI wrote it.
+FunctionCallChoice = Annotated[Literal["none", "auto"] | NamedFunction, BeforeValidator(_function_call)]
+
+
 def _bad(message: str, param: str) -> APIError:
     return APIError(400, f"{param}: {message}", "invalid_request_error", param=param)
 
@@ -86,6 +103,7 @@ class ToolSpec:
     choice: str  # "auto", "required" or "function" (then `name`)
     name: str | None = None
     parallel: bool = True
+    legacy: bool = False  # asked with functions/function_call: the reply's call is its `function_call`
 
     @property
     def guided(self) -> bool:
@@ -151,25 +169,46 @@ def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
     return tool["function"].get("parameters") or {"type": "object", "properties": {}}
 
 
-def tool_spec(tools: list[Tool] | None, choice: ToolChoice | None, parallel: bool | None) -> ToolSpec | None:
-    """The request's tool settings, or None when the reply is plain text (no tools, or `none`)."""
+def tool_spec(
+    tools: list[Tool] | None,
+    choice: ToolChoice | None,
+    parallel: bool | None,
+    names: tuple[str, str] = ("tools", "tool_choice"),
+) -> ToolSpec | None:
+    """The request's tool settings, or None when the reply is plain text (no tools, or `none`).
+    `names`: the request's names of the tools and the choice, for errors."""
+    tools_param, choice_param = names
     if tools is not None and len(tools) > MAX_TOOLS:
-        raise _bad(f"at most {MAX_TOOLS} functions, got {len(tools)}", "tools")
-    names = [t.function.name for t in tools or []]
-    if len(set(names)) != len(names):
-        raise _bad("function names must be unique", "tools")
+        raise _bad(f"at most {MAX_TOOLS} functions, got {len(tools)}", tools_param)
+    names_given = [t.function.name for t in tools or []]
+    if len(set(names_given)) != len(names_given):
+        raise _bad("function names must be unique", tools_param)
     if choice is None:
         choice = "auto" if tools else "none"
     if choice == "none":
         return None
     if not tools:
-        raise _bad('needs tools (only "none" without them)', "tool_choice")
+        raise _bad(f'needs {tools_param} (only "none" without them)', choice_param)
     as_dicts = tuple(t.model_dump(exclude_none=True) for t in tools)
     if isinstance(choice, ToolChoiceObject):
-        if choice.function.name not in names:
+        if choice.function.name not in names_given:
             raise _bad(
-                f"names the function {choice.function.name!r}, which is not in tools ({', '.join(names)})",
-                "tool_choice",
+                f"names the function {choice.function.name!r}, which is not in {tools_param} "
+                f"({', '.join(names_given)})",
+                choice_param,
             )
         return ToolSpec(as_dicts, "function", choice.function.name, parallel is not False)
     return ToolSpec(as_dicts, choice, None, parallel is not False)
+
+
+def legacy_tool_spec(
+    functions: list[FunctionDefinition] | None, function_call: FunctionCallChoice | None
+) -> ToolSpec | None:
+    """The deprecated `functions` / `function_call` as tools and tool_choice, one call per reply
+    (a legacy reply has one `function_call`)."""
+    tools = None if functions is None else [Tool(type="function", function=f) for f in functions]
+    choice: ToolChoice | None = function_call  # type: ignore[assignment]
+    if isinstance(function_call, NamedFunction):
+        choice = ToolChoiceObject(type="function", function=function_call)
+    spec = tool_spec(tools, choice, False, names=("functions", "function_call"))
+    return None if spec is None else replace(spec, legacy=True)

@@ -43,6 +43,7 @@ _PARAMS = {
     "media_kinds": "prompt",
     "media_rows": "prompt",
     "priority": "priority",
+    "embedding_bias": "logit_bias",
 }
 _LEADING_NAME = re.compile(r"^(\w+)")
 _MEDIA_ITEM = re.compile(r"^media\[(\d+)\]")
@@ -110,6 +111,10 @@ class Job:
     served: ServedModel | None = None  # the generative model it runs on; None: the default model
     defaults: SamplingDefaults = field(default_factory=SamplingDefaults)  # its model's (models.use_model)
     priority: int = 0  # vLLM's: lower runs first (the engine's scheduling_policy priority)
+    logit_bias: dict[int, float] | None = None  # OpenAI's: token id -> bias added to its logit
+    # logit_bias as the engine's embedding_bias ([vocab] FP32), once checked against the model's
+    # vocabulary (frontend.openai_api.logit_bias)
+    embedding_bias: np.ndarray | None = None
     # Input embeddings [P, hidden] fed before the prompt's tokens (OpenAI prompt_embeds): the
     # engine's prompt_embedding_table (FP32), selected by P virtual tokens.
     prompt_embeds: np.ndarray | None = None
@@ -220,6 +225,8 @@ class Job:
             values["lora_name"] = self.lora_name
         if self.priority:
             values["priority"] = self.priority
+        if self.embedding_bias is not None:
+            values["embedding_bias"] = self.embedding_bias  # tensors() adds the batch axis
         if self.with_logprobs:
             values["return_log_probs"] = True
             if self.logprobs:

@@ -32,9 +32,30 @@ def chat_logprobs(tokens: list[Token], k: int) -> dict[str, Any]:
     }
 
 
-def chat_finish_reason(reply: ReplyReader, engine_reason: str) -> str | None:
+def chat_finish_reason(reply: ReplyReader, engine_reason: str, job: Job) -> str | None:
     reason = finish_reason(engine_reason)
-    return "tool_calls" if reason is not None and reply.called else reason
+    if reason is None or not reply.called:
+        return reason
+    return "function_call" if legacy(job) else "tool_calls"
+
+
+def legacy(job: Job) -> bool:
+    """Asked with the deprecated functions: the reply's one call is its `function_call`."""
+    return job.tools is not None and job.tools.legacy
+
+
+def function_call(calls: list[dict[str, Any]], delta: bool) -> dict[str, Any] | None:
+    """The deprecated `function_call` of a message (or a delta: its first call's fragments): the
+    first call's name and arguments, as a legacy request makes one call a reply."""
+    first = [c for c in calls if c["index"] == 0] if delta else calls[:1]
+    if not first:
+        return None
+    merged: dict[str, Any] = {}
+    for fn in (c["function"] for c in first):
+        if "name" in fn:
+            merged["name"] = fn["name"]
+        merged["arguments"] = merged.get("arguments", "") + fn["arguments"]
+    return merged
 
 
 def timings_json(u: Usage) -> dict[str, Any]:
@@ -60,9 +81,9 @@ class ChatFormat(Format):
         """Seed 001 lists `tool_calls` in every whole message, a delta only when there are some."""
         return bool(calls) or not delta
 
-    def message(self, reply: ReplyReader, part: ReplyDelta, delta: bool) -> dict[str, Any]:
+    def message(self, reply: ReplyReader, part: ReplyDelta, delta: bool, job: Job) -> dict[str, Any]:
         """A message (or a stream delta) from what the reader found: content, reasoning_content
-        when there is thought, tool_calls."""
+        when there is thought, tool_calls (a legacy request's: function_call)."""
         calls = (tool_call_deltas if delta else tool_calls_json)(part.calls, reply)
         content: str | None = part.content
         if calls and not content:
@@ -70,7 +91,10 @@ class ChatFormat(Format):
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if part.reasoning:
             message["reasoning_content"] = part.reasoning
-        if self.lists_tool_calls(calls, delta):
+        if legacy(job):
+            if (call := function_call(calls, delta)) is not None:
+                message["function_call"] = call
+        elif self.lists_tool_calls(calls, delta):
             message["tool_calls"] = calls
         return message
 
@@ -80,9 +104,9 @@ class ChatFormat(Format):
         part += reply.finish()
         return {
             "index": index,
-            "message": self.message(reply, part, delta=False),
+            "message": self.message(reply, part, delta=False, job=job),
             "logprobs": chat_logprobs(gen.tokens, job.logprobs or 0) if job.logprobs is not None else None,
-            "finish_reason": chat_finish_reason(reply, gen.finish_reason),
+            "finish_reason": chat_finish_reason(reply, gen.finish_reason, job),
         }
 
     def choice_stream(self, index: int, gen: Generation, job: Job, prompt: Prompt | None) -> ChatChoiceStream:
@@ -114,9 +138,9 @@ class ChatChoiceStream:
             part.content = self.text
         choice: dict[str, Any] = {
             "index": self.index,
-            "delta": self.format.message(self.reply, part, delta=True),
+            "delta": self.format.message(self.reply, part, delta=True, job=self.job),
         }
         if self.job.logprobs is not None:
             choice["logprobs"] = chat_logprobs(step.tokens, self.job.logprobs)
-        choice["finish_reason"] = chat_finish_reason(self.reply, step.finish_reason)
+        choice["finish_reason"] = chat_finish_reason(self.reply, step.finish_reason, self.job)
         return choice

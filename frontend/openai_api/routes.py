@@ -17,12 +17,14 @@ from starlette.responses import JSONResponse, Response
 
 from frontend.engine_client.request import Job
 from frontend.engine_client.steps import Prompt, Step, first, prompt_tokens, unfinished
+from frontend.engine_info import vocab_size
 from frontend.errors import APIError, openai_body
 from frontend.media.attach import attach
 from frontend.media.parts import chat_media
 from frontend.models import resolve_model, traits, use_model
 from frontend.openai_api.chat_format import ChatFormat
 from frontend.openai_api.completion_format import CompletionFormat
+from frontend.openai_api.fields import embedding_bias
 from frontend.openai_api.format import Format, Stream
 from frontend.openai_api.jobs import complete_all, stream_all
 from frontend.openai_api.schema import ChatCompletionRequest, CompletionRequest, guide_calls_in_prompt
@@ -42,29 +44,41 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
         tool_parser=parsers.tool_parser,
         reasoning_parser=parsers.reasoning_parser,
     )
-    return await serve(request, fmt, [req.to_job()])
+    return await serve(request, fmt, [req.to_job(parsers.reasoning_parser)])
 
 
 @router.post("/v1/completions")
 async def completions(req: CompletionRequest, request: Request) -> Response:
     model = resolve_model(request, req.model, "generate")
     fmt = CompletionFormat(model, full_text=request.app.state.stream_full_text)
+    return await serve(request, fmt, await completion_jobs(req))
+
+
+async def completion_jobs(req: CompletionRequest) -> list[Job]:
     # Loading prompt_embeds tensors (up to 16 MiB) runs off the event loop, which serves everyone.
-    jobs = await asyncio.to_thread(req.to_jobs) if req.prompt_embeds else req.to_jobs()
-    return await serve(request, fmt, jobs)
+    return await asyncio.to_thread(req.to_jobs) if req.prompt_embeds else req.to_jobs()
+
+
+async def prepare(request: Request, model: str, jobs: list[Job], chat: bool) -> None:
+    """What each job needs before the models see it, the same for generating and for rendering its
+    prompt (frontend.tokenize): its served model (the name may be a LoRA adapter's), the guide of
+    tools written into the prompt, its media fetched, logit_bias checked against the vocabulary."""
+    for job in jobs:
+        use_model(request, job, model)
+        if chat and traits(request, job.served).tools_in_prompt:
+            guide_calls_in_prompt(job)
+        if job.messages is not None:  # media parts: placeholders for the template, bytes fetched
+            job.messages, refs = chat_media(job.messages)
+            await attach(request, job, refs, "messages", chat=True)
+        if job.logit_bias:
+            job.embedding_bias = embedding_bias(job.logit_bias, await vocab_size(request, job.served))
 
 
 async def serve(request: Request, fmt: Format, jobs: list[Job]) -> Response:
     """Run `jobs` (answered together) and respond in `fmt`: one JSON body, or an SSE stream that
     ends with `data: [DONE]`. Whatever the client leaves early is cancelled in Triton."""
     triton = request.app.state.triton
-    for job in jobs:  # the model name may be a LoRA adapter's
-        use_model(request, job, fmt.model)
-        if isinstance(fmt, ChatFormat) and traits(request, job.served).tools_in_prompt:
-            guide_calls_in_prompt(job)
-        if job.messages is not None:  # media parts: placeholders for the template, bytes fetched
-            job.messages, refs = chat_media(job.messages)
-            await attach(request, job, refs, "messages", chat=True)
+    await prepare(request, fmt.model, jobs, chat=isinstance(fmt, ChatFormat))
     prompts: list[Prompt | None] = [None] * len(jobs)
     if any(fmt.lists_prompt(job) for job in jobs):
         prompts = await until_disconnected(request, _prompts(triton, fmt, jobs))

@@ -15,7 +15,16 @@ from typing import Annotated, Any, Literal
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
-from frontend.chat_tools.tools import Tool, ToolChoice, tool_spec
+from frontend.chat_tools.reasoning import EFFORTS, effort_kwargs
+from frontend.chat_tools.tools import (
+    FunctionCallChoice,
+    FunctionDefinition,
+    Tool,
+    ToolChoice,
+    ToolSpec,
+    legacy_tool_spec,
+    tool_spec,
+)
 from frontend.engine_client import guides
 from frontend.engine_client.request import Guide, Job
 from frontend.errors import APIError
@@ -30,6 +39,17 @@ from frontend.field_rules import (
 )
 from frontend.media.parts import CHAT_PARTS, TextPart, parts_validator
 from frontend.openai_api import prompt_embeds
+from frontend.openai_api.fields import (
+    Audio,
+    Modalities,
+    Moderation,
+    OpenAIFields,
+    Prediction,
+    PromptCacheSetting,
+    Suffix,
+    Verbosity,
+    WebSearchOptions,
+)
 
 MAX_PROMPT_CHARS = 4 * 1024 * 1024  # "0 KB < characters <= 4 MB"
 MAX_STOP_CHARS = 32 * 1024  # OpenAI completions: a stop string, or all of a list, at most 32768 characters
@@ -120,22 +140,32 @@ class ToolCall(BaseModel):
 
 class ChatMessage(BaseModel):
     model_config = STRICT_BODY
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Literal["system", "user", "assistant", "tool", "function"]  # function: deprecated, a tool's
     # Media parts (image_url, video_url, audio_url, input_audio: frontend.media.parts) are checked
     # against the served model and fetched by the route.
     content: Annotated[str | list[Any] | None, parts_validator(CHAT_PARTS, "a string", nullable=True)] = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # The deprecated function calling: an assistant's one call, and the function a `function`
+    # message answers for (chat_messages turns both into tool calling).
+    function_call: FunctionCall | None = None
+    name: str | None = None
 
     @model_validator(mode="after")
     def _roles(self) -> ChatMessage:
         if self.tool_calls and self.role != "assistant":
             raise ValueError("tool_calls: only an assistant message has tool calls")
+        if self.function_call and self.role != "assistant":
+            raise ValueError("function_call: only an assistant message has one")
+        if self.tool_calls and self.function_call:
+            raise ValueError("function_call: give tool_calls or the deprecated function_call, not both")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("tool_call_id: required when role is tool")
         if self.role != "tool" and self.tool_call_id is not None:
             raise ValueError("tool_call_id: only a tool message has one")
-        if self.content is None and not self.tool_calls:
+        if (self.role == "function") != (self.name is not None):
+            raise ValueError("name: required when role is function (the function's), and only then")
+        if self.content is None and not (self.tool_calls or self.function_call):
             raise ValueError("content: required (only an assistant message with tool_calls may omit it)")
         return self
 
@@ -150,7 +180,24 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         raise bad_request("must have at least one message", "messages")
     if sum(m.chars() for m in messages) > MAX_PROMPT_CHARS:
         raise bad_request(f"must have at most {MAX_PROMPT_CHARS} characters of content in all", "messages")
-    return [m.model_dump(exclude_none=True) for m in messages]
+    return _as_tool_calling([m.model_dump(exclude_none=True) for m in messages])
+
+
+def _as_tool_calling(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The deprecated function-calling turns as the tool-calling ones templates render: an
+    assistant's `function_call` its one tool call (id `call_<message index>`), a `function` message
+    the tool message answering the last call of that function."""
+    calls: dict[str, str] = {}  # function name -> its last call's id
+    out = []
+    for i, message in enumerate(messages):
+        if "function_call" in message:
+            call = message.pop("function_call")
+            calls[call["name"]] = f"call_{i}"
+            message["tool_calls"] = [{"id": f"call_{i}", "type": "function", "function": call}]
+        elif message["role"] == "function":
+            message = {**message, "role": "tool", "tool_call_id": calls.get(message["name"], message["name"])}
+        out.append(message)
+    return out
 
 
 class StreamOptions(BaseModel):
@@ -226,6 +273,7 @@ def _sampling(request: ChatCompletionRequest | CompletionRequest) -> dict[str, A
         "stream": bool(request.stream),
         "stream_usage": _stream_usage(bool(request.stream), request.stream_options),
         "priority": request.priority or 0,
+        "logit_bias": request.logit_bias,
     }
 
 
@@ -237,7 +285,7 @@ def _top_k(value: int | None) -> int | None:
 # POST /v1/chat/completions (OpenAI chat completions)
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(OpenAIFields):
     model_config = STRICT_BODY
 
     model: str
@@ -272,15 +320,29 @@ class ChatCompletionRequest(BaseModel):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: Flag = None
+    functions: list[FunctionDefinition] | None = None  # deprecated: tools (a reply's call is function_call)
+    function_call: FunctionCallChoice | None = None  # deprecated: tool_choice
+    # The template's thinking switch (frontend.chat_tools.reasoning.effort_kwargs).
+    reasoning_effort: Literal[EFFORTS] | None = None  # type: ignore[valid-type]
+    modalities: Modalities = None  # only ["text"]
+    # OpenAI's, not served: each a 400 that says what to send instead.
+    verbosity: Verbosity = None
+    prediction: Prediction = None
+    audio: Audio = None
+    web_search_options: WebSearchOptions = None
+    moderation: Moderation = None
+    prompt_cache_retention: PromptCacheSetting = None
+    prompt_cache_options: PromptCacheSetting = None
 
-    def to_job(self) -> Job:
+    def to_job(self, reasoning_parser: str = "think") -> Job:
+        """The request as a Job; `reasoning_parser`: the served model's (`none`: it does not reason)."""
         max_tokens = self.max_completion_tokens or self.max_tokens
         if self.max_tokens and self.max_completion_tokens and self.max_tokens != self.max_completion_tokens:
             raise bad_request("must equal max_tokens when both are given", "max_completion_tokens")
         job = Job(
             messages=chat_messages(self.messages),
-            chat_template_kwargs=self.chat_template_kwargs,
-            tools=tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls),
+            chat_template_kwargs=self._template_kwargs(reasoning_parser),
+            tools=self._tools(),
             max_tokens=max_tokens,
             **_sampling(self),
             prompt_param="messages",
@@ -291,6 +353,29 @@ class ChatCompletionRequest(BaseModel):
         _chat_logprobs(job, self.logprobs, self.top_logprobs)
         _sequences(job, self.n, self.best_of, bool(self.use_beam_search), job.stream)
         return job
+
+    def _tools(self) -> ToolSpec | None:
+        """tools / tool_choice, or the deprecated functions / function_call: not both kinds."""
+        for legacy, current in (("functions", "tools"), ("function_call", "tool_choice")):
+            if getattr(self, legacy) is not None and getattr(self, current) is not None:
+                raise bad_request(f"give {current} or the deprecated {legacy}, not both", legacy)
+        if self.functions is not None or self.function_call is not None:
+            if self.parallel_tool_calls:
+                raise bad_request("only with tools (functions make one call a reply)", "parallel_tool_calls")
+            return legacy_tool_spec(self.functions, self.function_call)
+        return tool_spec(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def _template_kwargs(self, reasoning_parser: str) -> dict[str, Any] | None:
+        """chat_template_kwargs with reasoning_effort's thinking switch; a contradiction is a 400."""
+        kwargs = dict(self.chat_template_kwargs or {})
+        for name, value in effort_kwargs(self.reasoning_effort, reasoning_parser).items():
+            if kwargs.setdefault(name, value) != value:
+                raise bad_request(
+                    f"{self.reasoning_effort!r} sets {name} {str(value).lower()}, but chat_template_kwargs "
+                    f"sets it {str(kwargs[name]).lower()}; give one of them",
+                    "reasoning_effort",
+                )
+        return kwargs if kwargs or self.chat_template_kwargs is not None else None
 
 
 def _guide(job: Job, response_format: Any, structured_outputs: Any) -> None:
@@ -334,7 +419,7 @@ def _chat_logprobs(job: Job, logprobs: bool | None, top_logprobs: int | None) ->
 # POST /v1/completions (OpenAI completions)
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(OpenAIFields):
     model_config = STRICT_BODY
 
     model: str
@@ -365,6 +450,7 @@ class CompletionRequest(BaseModel):
     echo: Flag = None
     response_format: dict[str, Any] | None = None  # structured output (frontend.engine_client.guides)
     structured_outputs: dict[str, Any] | None = None  # vLLM's
+    suffix: Suffix = None  # OpenAI's, not served
 
     def to_jobs(self) -> list[Job]:
         """One job, or one per prompt_embeds tensor (each with the prompt after it, if given)."""

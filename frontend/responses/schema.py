@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, PlainValidator, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from frontend.chat_tools.tools import FunctionDefinition, NamedFunction, ToolChoiceObject
-from frontend.field_rules import Priority, bounded_text, number
+from frontend.field_rules import Metadata, Priority, bounded_text, number, refused
 from frontend.media.parts import parts_validator
 from frontend.openai_api.schema import (
     MAX_PROMPT_CHARS,
@@ -25,18 +25,11 @@ from frontend.openai_api.schema import (
     TopP,
 )
 
-MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
 LOGPROBS_INCLUDE = "message.output_text.logprobs"  # the one `include` value we serve
 
 
-def _refused(value: Any) -> Any:
-    if value is None:
-        return None
-    raise ValueError("not supported by this server; leave it out (or null)")
-
-
 # One of OpenAI's parameters we do not serve: given (not null), a 400 naming it.
-Refused = Annotated[Any, PlainValidator(_refused)]
+Refused = refused()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,25 +195,6 @@ class ReasoningConfig(BaseModel):
     mode: Refused = None
 
 
-def _metadata(value: Any) -> Any:
-    if value is None:
-        return None
-    ok = isinstance(value, dict) and len(value) <= MAX_METADATA_PAIRS
-    ok = ok and all(
-        isinstance(k, str)
-        and isinstance(v, str)
-        and len(k) <= MAX_METADATA_KEY
-        and len(v) <= MAX_METADATA_VALUE
-        for k, v in value.items()
-    )
-    if not ok:
-        raise ValueError(
-            f"must be an object of at most {MAX_METADATA_PAIRS} string values, keys of at most "
-            f"{MAX_METADATA_KEY} characters, values of at most {MAX_METADATA_VALUE}"
-        )
-    return value
-
-
 # ---------------------------------------------------------------------------------------------
 # POST /v1/responses
 
@@ -244,7 +218,7 @@ class ResponsesRequest(BaseModel):
     stream: Flag = None
     store: Flag = None
     previous_response_id: str | None = None
-    metadata: Annotated[dict[str, str] | None, BeforeValidator(_metadata)] = None
+    metadata: Metadata = None
     truncation: Literal["auto", "disabled"] | None = None
     priority: Priority = None  # vLLM's (an extension here): lower runs first
     # OpenAI's parameters this server does not serve.

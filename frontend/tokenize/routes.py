@@ -17,9 +17,8 @@ from frontend.engine_client.triton import tensors
 from frontend.engine_info import engine_config
 from frontend.errors import APIError
 from frontend.field_rules import bounded_text
-from frontend.media.attach import attach
-from frontend.media.parts import chat_media
-from frontend.models import resolve_model, triton_model, use_model
+from frontend.models import resolve_model, triton_model
+from frontend.openai_api.routes import prepare
 from frontend.openai_api.schema import (
     MAX_PROMPT_CHARS,
     STRICT_BODY,
@@ -95,10 +94,7 @@ class DetokenizeRequest(BaseModel):
 async def tokenize(req: TokenizeRequest, request: Request) -> dict[str, Any]:
     model = resolve_model(request, req.model, "generate")
     job = req.to_job()
-    use_model(request, job, model)
-    if job.messages is not None:  # media: placeholders for the template, their rows counted
-        job.messages, refs = chat_media(job.messages)
-        await attach(request, job, refs, "messages", chat=True)
+    await prepare(request, model, [job], chat=False)  # as generation: media placeholders, their rows
     prompt = await until_disconnected(request, prompt_tokens(request.app.state.triton, job))
     body: dict[str, Any] = {
         "count": len(prompt.ids),
@@ -115,15 +111,18 @@ async def detokenize(req: DetokenizeRequest, request: Request) -> dict[str, str]
     model = resolve_model(request, req.model, "generate")
     if req.tokens is None:
         raise bad_request("required", "tokens")
-    preprocessing = triton_model(request, model, contract.PREPROCESSING)
     try:
-        out = await request.app.state.triton.infer(
-            preprocessing, tensors(contract.PREPROCESSING, token_ids=req.tokens)
-        )
+        return {"prompt": await decode(request, model, req.tokens)}
     except APIError as error:
         if error.status < 500:  # preprocessing names its tensor: token_ids
             error.message = error.message.replace("token_ids", "tokens")
             error.param, error.status = "tokens", 400
         raise
+
+
+async def decode(request: Request, model: str, ids: list[int]) -> str:
+    """The text of token ids, special tokens included, as preprocessing decodes them."""
+    preprocessing = triton_model(request, model, contract.PREPROCESSING)
+    out = await request.app.state.triton.infer(preprocessing, tensors(contract.PREPROCESSING, token_ids=ids))
     text = out["decoded_text"].reshape(-1)[0]
-    return {"prompt": text.decode("utf-8") if isinstance(text, bytes) else str(text)}
+    return text.decode("utf-8") if isinstance(text, bytes) else str(text)

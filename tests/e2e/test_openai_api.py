@@ -361,7 +361,18 @@ BAD_CHAT = [
     ),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
-    ({"user": "me"}, "user"),
+    ({"store": True}, "store"),
+    ({"metadata": {"k": 1}}, "metadata"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+    ({"verbosity": "low"}, "verbosity"),
+    ({"prediction": {"type": "content", "content": "Hello"}}, "prediction"),
+    ({"web_search_options": {}}, "web_search_options"),
+    ({"reasoning_effort": "huge"}, "reasoning_effort"),
+    ({"logit_bias": {"1000000": 1}}, "logit_bias"),  # past the vocabulary
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"logit_bias": {"five": 1}}, "logit_bias"),
+    ({"functions": [{"name": "f"}], "tools": [{"type": "function", "function": {"name": "f"}}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
 ]
 
 
@@ -386,6 +397,10 @@ BAD_COMPLETION = [
     ({"echo": "true"}, "echo"),
     ({"best_of": 3, "n": 2, "stream": True}, "best_of"),
     ({"prompt": "hello " * 3000}, "prompt"),  # longer than the context
+    ({"logit_bias": {"1000000": 1}}, "logit_bias"),  # past the vocabulary
+    ({"logit_bias": {"5": -101}}, "logit_bias"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"suffix": "!"}, "suffix"),
 ]
 
 
@@ -405,6 +420,57 @@ def test_unknown_model_is_404_and_the_embedding_model_400(servers, client):
     embed = next(m.id for m in client.models.list().data if m.id != servers.model_name)
     with pytest.raises(openai.BadRequestError):
         client.completions.create(model=embed, prompt="Hi")
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI's other documented fields: accepted with no effect, logit_bias applied.
+
+NO_EFFECT = {
+    "user": "u-1",
+    "metadata": {"team": "search"},
+    "service_tier": "auto",
+    "prompt_cache_key": "k-1",
+    "safety_identifier": "hashed-id",
+    "store": False,
+}
+
+
+def test_fields_with_no_effect_are_answered_unchanged(client, model):
+    args = {"model": model, "messages": HELLO, "max_tokens": 8, "temperature": 0}
+    plain = client.chat.completions.create(**args)
+    answered = client.chat.completions.create(**args, **NO_EFFECT, modalities=["text"], logit_bias={})
+    assert answered.choices[0].message.content == plain.choices[0].message.content
+    with_effort = client.chat.completions.create(**args, reasoning_effort="medium")
+    assert with_effort.choices[0].finish_reason in ("stop", "length")
+    args = {"model": model, "prompt": "Hello", "max_tokens": 8, "temperature": 0}
+    plain_text = client.completions.create(**args).choices[0].text
+    assert client.completions.create(**args, user="u-1", extra_body=NO_EFFECT).choices[0].text == plain_text
+
+
+def greedy_token(servers, prompt: str) -> int:
+    """The id of the token greedy decoding writes first after `prompt` (TGI's details list ids)."""
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": 1, "details": True}}
+    return post(servers, "/generate", body).json()["details"]["tokens"][0]["id"]
+
+
+def test_logit_bias_forces_and_bans_tokens(client, model, servers):
+    prompt = "The capital of France is"
+    first = greedy_token(servers, prompt)
+    args = {"model": model, "prompt": prompt, "max_tokens": 3, "temperature": 0}
+    plain = client.completions.create(**args).choices[0].text
+    # -100 on the greedy first token: another token comes first.
+    one = {**args, "max_tokens": 1}
+    banned = client.completions.create(**one, logit_bias={str(first): -100}).choices[0].text
+    assert banned != client.completions.create(**one).choices[0].text
+    # +100 on one token: greedy writes only it, on both APIs.
+    forced = post(servers, "/tokenize", {"prompt": " Paris"}).json()["tokens"][-1]
+    assert forced != first
+    text = post(servers, "/detokenize", {"tokens": [forced] * 3}).json()["prompt"]
+    assert client.completions.create(**args, logit_bias={str(forced): 100}).choices[0].text == text != plain
+    chat = client.chat.completions.create(
+        model=model, messages=HELLO, max_tokens=3, temperature=0, logit_bias={str(forced): 100}
+    )
+    assert chat.choices[0].message.content == text
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,6 +50,51 @@ def test_a_prompts_tokens_and_their_texts(servers):
     assert "token_strs" not in ok(post(servers, "/tokenize", {"prompt": "Hello world"}))
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"tools": TOOLS}, {"functions": [TOOLS[0]["function"]], "reasoning_effort": "none"}],
+    ids=["chat", "chat with tools", "chat with functions, thinking off"],
+)
+def test_a_rendered_chat_is_what_generation_sees(servers, extra):
+    body = {"model": servers.model_name, "messages": CHAT, "max_tokens": 1, **extra}
+    rendered = ok(post(servers, "/v1/chat/completions/render", body))
+    usage = ok(post(servers, "/v1/chat/completions", body))["usage"]
+    assert len(rendered["token_ids"]) == usage["prompt_tokens"]
+    assert rendered["request_id"].startswith("chatcmpl-") and rendered["model"] == servers.model_name
+    # /tokenize of the same chat: functions are tools, reasoning_effort none the template's switch off.
+    tokens = {"model": servers.model_name, "messages": CHAT}
+    if extra:
+        tokens["tools"] = TOOLS
+    if "reasoning_effort" in extra:
+        tokens["chat_template_kwargs"] = {"enable_thinking": False}
+    assert rendered["token_ids"] == ok(post(servers, "/tokenize", tokens))["tokens"]
+    assert "What is machine learning?" in rendered["prompt"]
+    assert ("get_weather" in rendered["prompt"]) == bool(extra)
+
+
+def test_a_rendered_prompt_is_what_generation_sees(servers):
+    body = {"model": servers.model_name, "prompt": "Hello world", "max_tokens": 1}
+    [rendered] = ok(post(servers, "/v1/completions/render", body))
+    usage = ok(post(servers, "/v1/completions", body))["usage"]
+    assert rendered["token_ids"] == ok(post(servers, "/tokenize", {"prompt": "Hello world"}))["tokens"]
+    assert len(rendered["token_ids"]) == usage["prompt_tokens"] and rendered["prompt"] == "Hello world"
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        ("/v1/chat/completions", {"messages": CHAT, "logit_bias": {"1000000": 1}}),
+        ("/v1/chat/completions", {"messages": CHAT, "verbosity": "low"}),
+        ("/v1/completions", {"prompt": "hello " * 3000}),  # longer than the context
+    ],
+)
+def test_render_refuses_what_generation_refuses(servers, route, body):
+    body = {"model": servers.model_name, **body}
+    generated, rendered = post(servers, route, body), post(servers, route + "/render", body)
+    assert generated.status_code == rendered.status_code == 400
+    assert rendered.json() == generated.json()
+
+
 def test_detokenize_round_trips(servers):
     tokens = ok(post(servers, "/tokenize", {"prompt": "Hello world, 你好"}))["tokens"]
     assert ok(post(servers, "/detokenize", {"model": servers.model_name, "tokens": tokens})) == {

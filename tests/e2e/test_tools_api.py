@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -148,6 +149,55 @@ def test_reasoning_split_streamed_and_not(client, servers):
     assert (streamed_reasoning, content) == (reasoning, message.content or "")
     off = ask(client, servers, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert "reasoning_content" not in (off.choices[0].message.model_extra or {})
+
+
+def test_reasoning_effort_switches_thinking(client, servers):
+    thinking = ask(client, servers, reasoning_effort="high").choices[0].message
+    assert (thinking.model_extra or {}).get("reasoning_content")  # the template opened the thought
+    for effort in ("none", "minimal"):
+        off = ask(client, servers, reasoning_effort=effort).choices[0].message
+        assert "reasoning_content" not in (off.model_extra or {})
+
+
+@needs_guide
+@pytest.mark.parametrize("stream", [False, True])
+def test_deprecated_functions_make_a_function_call(client, servers, stream):
+    functions = [WEATHER["function"], TIME["function"]]
+    kwargs = {"functions": functions, "function_call": {"name": "get_weather"}, "max_tokens": 200}
+    if stream:
+        call, reasons = {"name": "", "arguments": ""}, []
+        for chunk in ask(client, servers, stream=True, **kwargs):
+            for choice in chunk.choices:
+                assert not choice.delta.tool_calls
+                if choice.delta.function_call:
+                    call["name"] += choice.delta.function_call.name or ""
+                    call["arguments"] += choice.delta.function_call.arguments or ""
+                reasons += [choice.finish_reason] if choice.finish_reason else []
+        assert reasons == ["function_call"]
+    else:
+        reply = ask(client, servers, **kwargs).choices[0]
+        assert reply.finish_reason == "function_call" and not reply.message.tool_calls
+        call = {"name": reply.message.function_call.name, "arguments": reply.message.function_call.arguments}
+    assert call["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["arguments"]), WEATHER["function"]["parameters"])
+
+
+def test_deprecated_function_turns_render_as_tool_calls(servers):
+    legacy = [
+        *ASK,
+        {"role": "assistant", "content": None, "function_call": HISTORY[1]["tool_calls"][0]["function"]},
+        {"role": "function", "name": "get_weather", "content": HISTORY[2]["content"]},
+    ]
+
+    def rendered(**body) -> list[int]:
+        body = {"model": servers.model_name, **body}
+        r = httpx.post(servers.frontend_url + "/v1/chat/completions/render", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["token_ids"]
+
+    assert rendered(messages=legacy, functions=[WEATHER["function"]]) == rendered(
+        messages=HISTORY, tools=[WEATHER]
+    )
 
 
 @needs_guide

@@ -275,8 +275,8 @@ def test_full_text_stream_setting():
 
 
 def test_completion_logprobs_and_echo():
-    r = completion(FakeTriton(), logprobs=0, echo=True, suffix=None)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"  # Databricks only
+    r = completion(FakeTriton(), logprobs=0, echo=True, suffix="!")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"  # Databricks' only
     body = completion(FakeTriton(), logprobs=0).json()
     lp = body["choices"][0]["logprobs"]
     assert lp["tokens"] == ["Hello", ",", " world", ""]
