@@ -73,19 +73,24 @@ def _store(value: Any) -> Any:
     raise ValueError("must be a JSON boolean: false (nothing is stored)")
 
 
-class OpenAIFields(BaseModel):
+class ServiceHints(BaseModel):
+    """Accepted, no effect on generation: who the end user is, the billing tier and the caching hint
+    of OpenAI's service (chat completions, completions and the Responses API all take them). The
+    prefix cache here is automatic, whatever the key."""
+
+    user: str | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+
+
+class OpenAIFields(ServiceHints):
     """Fields both OpenAI generation requests take besides prompt and sampling."""
 
     # Added to the token's logit before sampling (the engine's embedding_bias): -100 bans a token in
     # practice, +100 all but forces it.
     logit_bias: LogitBias = None
-    # Accepted, no effect on generation: who the end user is, labels, billing tier and caching hints
-    # of OpenAI's service. The prefix cache here is automatic, whatever the key.
-    user: str | None = None
-    metadata: Metadata = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None
-    prompt_cache_key: str | None = None
-    safety_identifier: str | None = None
+    metadata: Metadata = None  # labels: accepted, no effect
     store: Annotated[bool | None, PlainValidator(_store, json_schema_input_type=Literal[False] | None)] = None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from frontend.chat_tools.reasoning import effort_kwargs
 from frontend.chat_tools.tools import Tool, tool_spec
 from frontend.engine_client import guides
 from frontend.engine_client.request import Guide, Job
@@ -155,9 +156,8 @@ def text_guide(fmt: dict[str, Any] | None) -> Guide | None:
 
 
 def _thinking(req: ResponsesRequest, reasoning_parser: str) -> dict[str, Any] | None:
-    """`reasoning.effort`: "none" turns the template's thinking off (`enable_thinking: false`, on
-    templates that know it); any other effort leaves the template's default, since the model has no
-    budget to set. A model that does not reason takes any effort and answers without a reasoning
-    item, as vLLM does (agents such as Codex always send one), and as Anthropic's `thinking` here."""
+    """`reasoning.effort`, by chat completions' `reasoning_effort` rule (effort_kwargs): none and
+    minimal turn the template's thinking off, low to max on; a model that does not reason takes any
+    effort (agents such as Codex always send one) and answers without a reasoning item."""
     effort = req.reasoning.effort if req.reasoning else None
-    return {"enable_thinking": False} if effort == "none" and reasoning_parser != "none" else None
+    return effort_kwargs(effort, reasoning_parser) or None

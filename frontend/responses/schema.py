@@ -16,6 +16,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from frontend.chat_tools.tools import FunctionDefinition, NamedFunction, ToolChoiceObject
 from frontend.field_rules import Metadata, Priority, bounded_text, number, refused
 from frontend.media.parts import parts_validator
+from frontend.openai_api.fields import ServiceHints
 from frontend.openai_api.schema import (
     MAX_PROMPT_CHARS,
     MAX_TOP_LOGPROBS,
@@ -199,7 +200,7 @@ class ReasoningConfig(BaseModel):
 # POST /v1/responses
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(ServiceHints):  # user, service_tier, …: accepted, no effect
     model_config = STRICT_BODY
 
     model: str
@@ -226,12 +227,8 @@ class ResponsesRequest(BaseModel):
     conversation: Refused = None
     max_tool_calls: Refused = None
     prompt: Refused = None
-    prompt_cache_key: Refused = None
     prompt_cache_retention: Refused = None
-    safety_identifier: Refused = None
-    service_tier: Refused = None
     stream_options: Refused = None
-    user: Refused = None
     context_management: Refused = None
     moderation: Refused = None
     image: Refused = None

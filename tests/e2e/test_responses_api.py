@@ -251,7 +251,7 @@ def test_stored_responses_get_and_delete(client, servers):
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"top_logprobs": 21}, "top_logprobs"),
         ({"truncation": "sometimes"}, "truncation"),
-        ({"extra_body": {"service_tier": "flex"}}, "service_tier"),
+        ({"extra_body": {"prompt_cache_retention": "24h"}}, "prompt_cache_retention"),
         ({"extra_body": {"bogus": 1}}, "bogus"),
         ({"include": ["reasoning.encrypted_content"]}, "include[0]"),
         ({"tools": [{"type": "web_search"}]}, "tools[0].type"),

@@ -124,7 +124,9 @@ def test_reasoning_effort():
     assert to_turn(request(reasoning={"effort": "none"}), [], "think").job.chat_template_kwargs == {
         "enable_thinking": False
     }
-    assert to_turn(request(reasoning={"effort": "high"}), [], "think").job.chat_template_kwargs is None
+    assert to_turn(request(reasoning={"effort": "high"}), [], "think").job.chat_template_kwargs == {
+        "enable_thinking": True
+    }
     # A model that does not reason takes any effort (agents always send one) and does not think.
     assert to_turn(request(reasoning={"effort": "high"}), [], "none").job.chat_template_kwargs is None
     assert to_turn(request(reasoning={"effort": "none"}), [], "none").job.chat_template_kwargs is None
@@ -151,7 +153,7 @@ def test_rules_between_fields_name_the_field(body, param):
 @pytest.mark.parametrize(
     "body, loc",
     [
-        ({"user": "u"}, ("user",)),
+        ({"conversation": "c"}, ("conversation",)),
         ({"input": [{"role": "assistant", "content": [{"type": "input_text", "text": "x"}]}]}, ("input", 0)),
         ({"input": [{"role": "user", "content": [HIGH_DETAIL]}]}, ("input", 0, "content", 0, "detail")),
         ({"tools": [{"type": "file_search"}]}, ("tools", 0, "type")),
