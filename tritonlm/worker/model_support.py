@@ -55,7 +55,7 @@ def check_probe(
 ) -> None:
     """Refuses what the probe forward showed: `handed[layer]` is what transformers passed that
     layer's attention function besides query, key, value, mask, scaling and dropout."""
-    layers = config.get_text_config().num_hidden_layers
+    layers = getattr(config.get_text_config(), "num_hidden_layers", None) or len(handed)
     calls = list(handed.values())
     windows = {i: int(kw["sliding_window"]) for i, kw in handed.items() if kw.get("sliding_window")}
     problems = [
