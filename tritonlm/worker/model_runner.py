@@ -26,7 +26,7 @@ from tritonlm import platforms
 from tritonlm.config import EngineConfig
 from tritonlm.multimodal.encoder import language_model_class
 from tritonlm.step import ModelOutput, StepBatch
-from tritonlm.worker import attention, fused, model_paths, step_inputs
+from tritonlm.worker import attention, fused, model_paths, model_support, step_inputs
 from tritonlm.worker.attention.base import LayerShape
 from tritonlm.worker.model_paths.base import ForwardInputs
 from tritonlm.worker.model_paths.generic import TransformersPath
@@ -38,6 +38,8 @@ class ModelRunner:
     def __init__(self, config: EngineConfig):
         config = config.resolved()
         checkpoint = AutoConfig.from_pretrained(config.model_dir)
+        # What the backends would serve wrongly is refused before the weights load.
+        model_support.check_config(checkpoint, config.max_seq_len)
         self.platform = platforms.resolve(config.device)
         self.device = self.platform.device
         self.dtype = config.torch_dtype(self.device, getattr(checkpoint, "dtype", None))
@@ -61,6 +63,7 @@ class ModelRunner:
         self.hidden_size = self.model.get_input_embeddings().weight.shape[1]
 
         shapes = self._probe_shapes()
+        model_support.check_probe(checkpoint, self.attention.handed, config.max_seq_len)
         # The resolved settings: max_seq_len and kv_cache_blocks are now concrete numbers.
         self.config = config.kv_cache_size(
             self.attention.bytes_per_block(shapes), self.platform.name, self.platform.free_memory()

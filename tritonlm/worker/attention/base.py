@@ -75,6 +75,9 @@ class AttentionBackend(ABC):
         self.device = device
         self.metadata: object | None = None  # this step's, set by `step`
         self._probe: dict[int, LayerShape] | None = None
+        # What transformers handed each layer's attention in the probe besides q, k, v, mask, scaling
+        # and dropout (None values left out): `model_support.check_probe` judges it.
+        self.handed: dict[int, dict[str, object]] = {}
 
     @classmethod
     def available(cls, device: torch.device) -> bool:
@@ -160,6 +163,7 @@ class AttentionBackend(ABC):
         """The attention function transformers calls in each layer."""
         if self._probe is not None:  # a probe forward: no cache yet, plain causal attention
             self._probe[module.layer_idx] = (key.shape[1], key.shape[3], key.dtype)
+            self.handed[module.layer_idx] = {k: v for k, v in kwargs.items() if v is not None}
             gqa = query.shape[1] != key.shape[1]
             out = F.scaled_dot_product_attention(
                 query, key, value, is_causal=True, scale=scaling, enable_gqa=gqa
@@ -169,8 +173,9 @@ class AttentionBackend(ABC):
         return self.forward(module, query, key, value, scaling), None
 
     def probe_shapes(self, run: Callable[[], object]) -> dict[int, LayerShape]:
-        """Each layer's key shape, learnt by `run`ning a forward without a cache."""
+        """Each layer's key shape, learnt by `run`ning a forward without a cache (and `handed`)."""
         self._probe = {}
+        self.handed = {}
         try:
             run()
             return self._probe
