@@ -245,8 +245,13 @@ def test_the_vllm_series_gateways_read_follow_the_engine_under_load(servers: Ser
     stop = threading.Event()
 
     def stream() -> None:
-        body = {"model": servers.model_name, "prompt": "Hello", "max_tokens": 1500, "ignore_eos": True,
-                "stream": True}
+        body = {
+            "model": servers.model_name,
+            "prompt": "Hello",
+            "max_tokens": 1500,
+            "ignore_eos": True,
+            "stream": True,
+        }
         with httpx.stream("POST", servers.frontend_url + "/v1/completions", json=body, timeout=120) as r:
             for _ in r.iter_lines():
                 if stop.is_set():
