@@ -76,16 +76,18 @@ def generate(model: torch.nn.Module, prompt: list[int], new: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
+@pytest.mark.parametrize("speculative", ["", "[ngram]"], ids=["one token", "k tokens"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_past_the_window_equals_transformers_generate(tmp_path, family):
+def test_greedy_past_the_window_equals_transformers_generate(tmp_path, family, speculative):
     model, path = checkpoint(family, tmp_path)
     asked = prompts()
     news = [MAX_SEQ_LEN - len(p) for p in asked]
     refs = [generate(model, p, n) for p, n in zip(asked, news, strict=True)]
-    # Chunks of 16 tokens beside decodes, blocks of 4 positions, a cache of two sequences: preemption.
+    # Chunks of 16 tokens beside decodes, blocks of 4 positions, a cache of two sequences: preemption;
+    # with `[ngram]`, decodes that verify proposals (several query rows a sequence).
     runner = fp32_runner(
         path, "auto", max_seq_len=MAX_SEQ_LEN, max_num_seqs=4, max_num_batched_tokens=16, block_size=4,
-        kv_cache_blocks=2 * MAX_SEQ_LEN // 4,
+        kv_cache_blocks=2 * MAX_SEQ_LEN // 4, speculative_model=speculative,
     )  # fmt: skip
     assert runner.attention.name == "sdpa"
     requests = [request(p, n, SamplingParams()) for p, n in zip(asked, news, strict=True)]
@@ -93,6 +95,7 @@ def test_greedy_past_the_window_equals_transformers_generate(tmp_path, family):
     assert [s.output_ids for s in seqs] == refs
     stats = engine.stats()
     assert stats["preemptions"] > 0 and stats["prefix_cache_hits"] > 0, stats
+    assert bool(stats["spec_proposed_tokens"]) == bool(speculative)
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bfloat16")
