@@ -50,12 +50,12 @@ def check_config(config: PretrainedConfig, max_seq_len: int) -> Needs:
         bidirectional(text),
     ]
     _refuse(architecture(config), problems)
+    capped = getattr(text, "attn_logit_softcapping", None)
     needs = {
         "sliding_window": window(config_windows(text), len(_kinds(text)), max_seq_len),
-        "softcap": softcap(getattr(text, "attn_logit_softcapping", None)),
+        "softcap": softcap(capped),
+        "sinks": assumed_sinks(beyond_sdpa(text), capped is not None),
     }
-    if beyond_sdpa(text) and not needs["softcap"]:  # transformers' mark: the one left is sinks
-        needs["sinks"] = f"attention sinks ({beyond_sdpa(text)}, and the config shows no soft-capping)"
     return {feature: what for feature, what in needs.items() if what}
 
 
@@ -73,14 +73,7 @@ def check_probe(
         "softcap": softcap(next((r.softcap for r in rules.values() if r.softcap is not None), None)),
         "sinks": sinks(any(r.sinks for r in rules.values())),
     }
-    unexplained = beyond_sdpa(text) and not (needs["softcap"] or needs["sinks"])
-    problems = [
-        silent_layers(layers - len(handed), layers),
-        f"attention beyond plain softmax attention ({beyond_sdpa(text)}) that its layers hand the "
-        "attention function as neither soft-capping nor sinks"
-        if unexplained
-        else None,
-    ]
+    problems = [silent_layers(layers - len(handed), layers), unexplained(beyond_sdpa(text), needs)]
     _refuse(architecture(config), problems)
     return {feature: what for feature, what in needs.items() if what}
 
@@ -119,6 +112,23 @@ def beyond_sdpa(text: PretrainedConfig) -> str | None:
     if cls is None or cls._supports_sdpa:
         return None
     return f"transformers marks {cls.__name__} _supports_sdpa false"
+
+
+def assumed_sinks(mark: str | None, capped: bool) -> str | None:
+    # Before the weights load the mark is all there is: soft-capping where the config shows it, else
+    # taken for sinks (the probe confirms it: `unexplained`).
+    if mark is None or capped:
+        return None
+    return f"attention sinks ({mark}, and the config shows no soft-capping)"
+
+
+def unexplained(mark: str | None, needs: Mapping[str, str | None]) -> str | None:
+    if mark is None or needs.get("softcap") or needs.get("sinks"):
+        return None
+    return (
+        f"attention beyond plain softmax attention ({mark}) that its layers hand the attention "
+        "function as neither soft-capping nor sinks"
+    )
 
 
 def layer_kinds(text: PretrainedConfig) -> str | None:
