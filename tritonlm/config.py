@@ -156,7 +156,8 @@ class EngineConfig:
     attention_backend: str = setting(
         "auto",
         "what computes attention: `cpu_paged` (AVX-512 CPUs, built by `make setup`), `sdpa` (torch's); "
-        "`auto`: the first of these that runs here (the log says why not the other)",
+        "`auto`: the first of these that runs here and computes what the checkpoint's attention needs "
+        "(a binding sliding window, soft-capping, sinks: `sdpa` only; the log says why not the other)",
         check=one_of(*registry.NAMES),
     )
     lora_modules: str = setting(

@@ -99,10 +99,11 @@ def step(
     seqs: list[tuple[list[int], int, int]],
     keys: torch.Tensor,
     queries: torch.Tensor | None = None,
+    handed: dict[str, object] | None = None,
 ) -> torch.Tensor:
     """One step: sequence i (block table, tokens cached, new tokens) feeds `keys` ([tokens, kv_heads,
     head_dim], in packed order; values = 2 * keys); returns the attention output [tokens, heads,
-    head_dim]."""
+    head_dim]. `handed`: what transformers hands the layer besides (a window, a cap, sinks)."""
     made = []
     for table, cached, new in seqs:
         seq = sequence(range(5, 5 + cached + new), 4)
@@ -116,7 +117,7 @@ def step(
     key = keys.transpose(0, 1)[None]  # [1, kv_heads, tokens, dim]
     query = queries if queries is not None else torch.randn(1, HEADS, tokens, DIM)
     with b.step(metadata):
-        out, _ = b.attend(Layer(), query, key, 2 * key, None, scaling=0.5)
+        out, _ = b.attend(Layer(), query, key, 2 * key, None, scaling=0.5, **(handed or {}))
     return out[0]
 
 

@@ -1,13 +1,13 @@
-"""Which checkpoints the engine serves (tritonlm/worker/model_support.py): a model the attention
-backends would serve wrongly (a binding sliding window, soft-capping, sinks, layers that are not
-attention, an encoder-decoder, attention outside transformers' interface) is refused at start with
-a message naming the feature; what is served exactly keeps starting. Each config comes from its
-family's real transformers config class, small."""
+"""Which checkpoints the engine serves (tritonlm/worker/model_support.py): a model no attention
+backend serves (layers that are not attention, an encoder-decoder, attention outside transformers'
+interface) is refused at start with a message naming the feature; what a model's attention needs
+beyond causal softmax (a binding sliding window, soft-capping, sinks) is said, for the backend choice
+(tests/worker/test_attention_features.py serves it); what is served exactly keeps starting. Each
+config comes from its family's real transformers config class, small."""
 
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 
 import pytest
@@ -45,11 +45,12 @@ from transformers import (
 
 from tritonlm.config import ConfigError
 from tritonlm.sampling.params import SamplingParams
-from tritonlm.worker import model_support
+from tritonlm.worker import cpu_kernels, model_support
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)  # fmt: skip
+NO_KERNELS = cpu_kernels.unavailable()
 HEAD = dict(head_dim=16)  # families whose default head_dim is not hidden / heads
 
 
@@ -60,19 +61,6 @@ def refusal(config, max_seq_len: int = 64) -> str:
 
 
 REFUSED = {
-    "mistral window": (MistralConfig(**SMALL, sliding_window=16), "MistralForCausalLM", "sliding-window"),
-    "gemma 2": (Gemma2Config(**SMALL, **HEAD, sliding_window=16), "Gemma2ForCausalLM", "soft-capping"),
-    "gemma 3": (Gemma3TextConfig(**SMALL, **HEAD, sliding_window=16), "Gemma3ForCausalLM", "sliding-window"),
-    "gemma 3 multimodal": (
-        Gemma3Config(text_config=Gemma3TextConfig(**SMALL, **HEAD, sliding_window=16)),
-        "Gemma3ForConditionalGeneration",
-        "sliding-window",
-    ),
-    "gpt-oss": (
-        GptOssConfig(**SMALL, **HEAD, sliding_window=16, num_local_experts=4, num_experts_per_tok=2),
-        "GptOssForCausalLM",
-        "sliding-window",
-    ),
     "qwen3-next": (
         Qwen3NextConfig(**SMALL, **HEAD, num_experts=4, num_experts_per_tok=2, full_attention_interval=2),
         "Qwen3NextForCausalLM",
@@ -90,11 +78,6 @@ REFUSED = {
         "BloomForCausalLM",
         "does not mark BloomForCausalLM _supports_attention_backend",
     ),  # fmt: skip
-    "gpt-oss within its window": (
-        GptOssConfig(**SMALL, **HEAD, sliding_window=64, num_local_experts=4, num_experts_per_tok=2),
-        "GptOssForCausalLM",
-        "marks GptOssForCausalLM _supports_sdpa false, as for sinks",
-    ),
     "bidirectional": (
         Gemma3TextConfig(**SMALL, **HEAD, sliding_window=256, use_bidirectional_attention=True),
         "Gemma3ForCausalLM",
@@ -111,15 +94,41 @@ def test_a_feature_the_backends_do_not_serve_is_refused_naming_it(family):
     assert "Served: decoder-only models" in message
 
 
-def test_the_messages_name_each_feature_found():
-    message = refusal(Gemma2Config(**SMALL, **HEAD, sliding_window=16), max_seq_len=64)
-    assert message == (
-        "Gemma2ForCausalLM is not served exactly: attention beyond plain softmax attention (transformers "
-        "marks Gemma2ForCausalLM _supports_sdpa false, as for sinks or soft-capping), which is all the "
-        "backends compute; attention logit soft-capping (attn_logit_softcapping 50.0): the backends do "
-        "not cap; sliding-window attention (1 of 2 layers see only the last 16 "
-        "tokens), which the backends do not apply: set max_seq_len <= 16 (it is 64), where no window "
-        f"binds and the model is served exactly. {model_support.SERVED}."
+NEEDS = {
+    "mistral window": (MistralConfig(**SMALL, sliding_window=16), {"sliding_window"}),
+    "gemma 2": (Gemma2Config(**SMALL, **HEAD, sliding_window=16), {"sliding_window", "softcap"}),
+    "gemma 3": (Gemma3TextConfig(**SMALL, **HEAD, sliding_window=16), {"sliding_window"}),
+    "gemma 3 multimodal": (
+        Gemma3Config(text_config=Gemma3TextConfig(**SMALL, **HEAD, sliding_window=16)),
+        {"sliding_window"},
+    ),
+    "gpt-oss": (
+        GptOssConfig(**SMALL, **HEAD, sliding_window=16, num_local_experts=4, num_experts_per_tok=2),
+        {"sliding_window", "sinks"},
+    ),
+    "gpt-oss within its window": (
+        GptOssConfig(**SMALL, **HEAD, sliding_window=64, num_local_experts=4, num_experts_per_tok=2),
+        {"sinks"},
+    ),
+}
+
+
+@pytest.mark.parametrize("family", NEEDS)
+def test_what_the_attention_needs_is_said_before_the_weights_load(family):
+    config, features = NEEDS[family]
+    assert set(model_support.check_config(config, max_seq_len=64)) == features
+
+
+def test_the_needs_name_each_feature_found():
+    assert model_support.check_config(Gemma2Config(**SMALL, **HEAD, sliding_window=16), max_seq_len=64) == {
+        "sliding_window": "sliding-window attention (1 of 2 layers see only the last 16 tokens; none binds "
+        "at max_seq_len <= 16)",
+        "softcap": "attention logit soft-capping (attn_logit_softcapping 50.0)",
+    }
+    gpt_oss = NEEDS["gpt-oss within its window"][0]
+    assert model_support.check_config(gpt_oss, 64)["sinks"] == (
+        "attention sinks (transformers marks GptOssForCausalLM _supports_sdpa false, and the config shows "
+        "no soft-capping)"
     )
 
 
@@ -172,26 +181,28 @@ def test_the_projects_checkpoints_start(name):
 
 def test_the_window_binds_past_its_length_only():
     config = MistralConfig(**SMALL, sliding_window=16)
-    model_support.check_config(config, max_seq_len=16)  # position 15 still sees position 0
-    assert "set max_seq_len <= 16 (it is 17)" in refusal(config, max_seq_len=17)
+    assert model_support.check_config(config, max_seq_len=16) == {}  # position 15 still sees position 0
+    assert "sliding_window" in model_support.check_config(config, max_seq_len=17)
 
 
-def test_the_probe_refuses_what_the_layers_hand_the_attention_function():
+def test_the_probe_says_what_the_layers_hand_the_attention_function():
     config = LlamaConfig(**SMALL)
-    model_support.check_probe(config, {0: {}, 1: {"position_ids": 0}}, 64)
-    window = "sliding-window attention (1 of 2 layers see only the last 8 tokens)"
+    assert model_support.check_probe(config, {0: {}, 1: {"position_ids": 0}}, 64) == {}
     checks = [
-        ("attention sinks", {0: {"s_aux": torch.zeros(4)}, 1: {}}),
-        ("soft-capping (attn_logit_softcapping 30.0)", {0: {"softcap": 30.0}, 1: {}}),
-        (window, {0: {"sliding_window": 8}, 1: {}}),
-        ("1 of 2 layers that never call the attention function", {0: {}}),
+        ("sinks", "attention sinks", {0: {"s_aux": torch.zeros(4)}, 1: {}}),
+        ("softcap", "soft-capping (attn_logit_softcapping 30.0)", {0: {"softcap": 30.0}, 1: {}}),
+        ("sliding_window", "1 of 2 layers see only the last 8 tokens", {0: {"sliding_window": 8}, 1: {}}),
     ]
-    for feature, handed in checks:
-        with pytest.raises(
-            ConfigError, match="^LlamaForCausalLM is not served exactly: .*" + re.escape(feature)
-        ):
-            model_support.check_probe(config, handed, 64)
-    model_support.check_probe(config, {0: {"sliding_window": 64}, 1: {}}, 64)  # never binds
+    for feature, what, handed in checks:
+        assert what in model_support.check_probe(config, handed, 64)[feature]
+    assert model_support.check_probe(config, {0: {"sliding_window": 64}, 1: {}}, 64) == {}  # never binds
+    silent = "^LlamaForCausalLM is not served exactly: 1 of 2 layers that never"
+    with pytest.raises(ConfigError, match=silent):
+        model_support.check_probe(config, {0: {}}, 64)
+    # transformers' mark of attention beyond SDPA, which the layers show as neither cap nor sinks
+    gpt_oss = GptOssConfig(**SMALL, **HEAD, num_local_experts=4, num_experts_per_tok=2)
+    with pytest.raises(ConfigError, match="_supports_sdpa false.* as neither soft-capping nor sinks"):
+        model_support.check_probe(gpt_oss, {0: {}, 1: {}}, 64)
 
 
 def save(model: torch.nn.Module, path: Path) -> Path:
@@ -200,6 +211,7 @@ def save(model: torch.nn.Module, path: Path) -> Path:
     return path
 
 
+@pytest.mark.skipif(NO_KERNELS is not None, reason=f"cpu_paged does not run here: {NO_KERNELS}")
 @pytest.mark.parametrize(
     "config, feature",
     [
@@ -207,11 +219,15 @@ def save(model: torch.nn.Module, path: Path) -> Path:
         (GptOssConfig(**SMALL, **HEAD, sliding_window=64, architectures=["GptOssForCausalLM"]), "sinks"),
     ],
 )
-def test_the_runner_refuses_before_the_weights_load(tmp_path, config, feature):
+def test_a_backend_named_that_lacks_a_feature_is_refused_before_the_weights_load(tmp_path, config, feature):
     # config.json alone: a refusal after loading would be a missing-weights error instead.
     config.save_pretrained(tmp_path)
-    with pytest.raises(ConfigError, match=f"^{config.architectures[0]} is not served exactly: .*{feature}"):
-        fp32_runner(tmp_path, "sdpa", max_seq_len=64)
+    with pytest.raises(
+        ConfigError,
+        match=f"^attention_backend: 'cpu_paged' cannot serve this checkpoint exactly: it does not compute "
+        f".*{feature}.*; 'sdpa' does \\(attention_backend: sdpa or auto\\)$",
+    ):
+        fp32_runner(tmp_path, "cpu_paged", max_seq_len=64)
 
 
 WITHIN_WINDOW = {

@@ -38,12 +38,13 @@ class ModelRunner:
     def __init__(self, config: EngineConfig):
         config = config.resolved()
         checkpoint = AutoConfig.from_pretrained(config.model_dir)
-        # What the backends would serve wrongly is refused before the weights load.
-        model_support.check_config(checkpoint, config.max_seq_len)
+        # What no backend serves is refused before the weights load; what the attention needs
+        # (a window, soft-capping, sinks) picks a backend that computes it.
+        needs = model_support.check_config(checkpoint, config.max_seq_len)
         self.platform = platforms.resolve(config.device)
         self.device = self.platform.device
         self.dtype = config.torch_dtype(self.device, getattr(checkpoint, "dtype", None))
-        backend = attention.choose(config.attention_backend, self.device)
+        backend = attention.choose(config.attention_backend, self.device, needs)
         self.attention = backend(config.block_size, self.dtype, self.device)
         self.model = (
             language_model_class(checkpoint)
@@ -63,7 +64,8 @@ class ModelRunner:
         self.hidden_size = self.model.get_input_embeddings().weight.shape[1]
 
         shapes = self._probe_shapes()
-        model_support.check_probe(checkpoint, self.attention.handed, config.max_seq_len)
+        needs = model_support.check_probe(checkpoint, self.attention.handed, config.max_seq_len)
+        attention.require(backend, needs, self.device)  # what the config did not show
         # The resolved settings: max_seq_len and kv_cache_blocks are now concrete numbers.
         self.config = config.kv_cache_size(
             self.attention.bytes_per_block(shapes), self.platform.name, self.platform.free_memory()

@@ -1,21 +1,22 @@
-"""Which checkpoints the engine serves exactly, and a refusal at start for the others.
+"""Which checkpoints the engine serves exactly, and what their attention needs of the backend.
 
-The attention backends compute plain causal softmax attention over every layer's paged KV cache.
-transformers may ask its attention function for more (a layer's sliding window, soft-capped
-logits, attention sinks), run layers that are not attention at all (linear attention, state-space
-layers, whose recurrent state the engine does not keep), or not call the attention function. Served
-anyway, such a model answers wrong tokens without an error, so start-up refuses it with a
-`ConfigError` naming the architecture, the feature and what is served:
+The backends compute causal softmax attention over every layer's paged KV cache; some also compute
+what transformers may ask its attention function for beyond it (`FEATURES`: a layer's sliding
+window, soft-capped logits, attention sinks), each declaring which (`AttentionBackend.computes`).
+This module says what a checkpoint needs (feature -> what shows it, for the messages); the choice of
+a backend that computes it all is `attention.choose`'s, and `attention.require` refuses one that
+does not. What no backend serves (layers that are not attention at all, whose recurrent state the
+engine does not keep; encoder-decoders; attention outside transformers' interface) is refused here
+with a `ConfigError` naming the architecture and the feature, never served wrong:
 
-- `check_config`, from the checkpoint's config and transformers' marks on the model class (whether
-  it goes through the attention interface, whether torch's SDPA can compute its attention), before
-  the weights load (fast);
+- `check_config`, from the checkpoint's config and transformers' marks on the model class, before
+  the weights load (fast): the refusals, and the features the config shows;
 - `check_probe`, from what the layers handed the attention function in the runner's probe forward
-  (a window, soft-capping, sinks), and layers that never called it: the backstop for a family
-  whose config and marks say nothing.
+  (`LayerRule`), and layers that never called it: the backstop for a family whose config and marks
+  say nothing, and the exact features.
 
-Features are detected, not architectures listed, so a new family with the same feature is refused
-too. A sliding window that cannot bind (`max_seq_len` <= the window) changes nothing: served."""
+Features are detected, not architectures listed, so a new family with the same feature is judged
+the same way. A sliding window that cannot bind (`max_seq_len` <= the window) needs nothing."""
 
 from __future__ import annotations
 
@@ -24,47 +25,57 @@ from collections.abc import Mapping
 from transformers import PretrainedConfig
 
 from tritonlm.config import ConfigError
+from tritonlm.worker.attention.base import LayerRule, binds
 
-# Layer kinds that are causal softmax attention (the window, if any, is checked on its own).
+# Layer kinds that are causal softmax attention (the window, if any, is a feature of its own).
 ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "attention"})
 # Where configs list each decoder layer's kind (Qwen3-Next, Gemma; Jamba, Zamba; RecurrentGemma).
 LAYER_KIND_FIELDS = ("layer_types", "layers_block_type", "block_types")
 SERVED = (
     "Served: decoder-only models whose every layer is causal softmax attention through transformers' "
-    "attention interface, without soft-capping or sinks (docs/features.md, Supported architectures)"
+    "attention interface, with sliding windows, soft-capping or sinks on a backend that computes them "
+    "(docs/features.md, Supported architectures)"
 )
+Needs = dict[str, str]  # feature (base.FEATURES) -> what the checkpoint shows of it
 
 
-def check_config(config: PretrainedConfig, max_seq_len: int) -> None:
-    """Refuses a checkpoint whose config needs what the engine does not serve, at `max_seq_len`."""
+def check_config(config: PretrainedConfig, max_seq_len: int) -> Needs:
+    """Refuses a checkpoint whose config needs what no backend serves; returns what its attention
+    needs at `max_seq_len`, as far as the config shows."""
     text = config.get_text_config()
     problems = [
         encoder_decoder(config),
         attention_hook(text),
-        beyond_sdpa(text),
         layer_kinds(text),
         bidirectional(text),
-        softcap(getattr(text, "attn_logit_softcapping", None)),
-        window(config_windows(text), len(_kinds(text)), max_seq_len),
     ]
     _refuse(architecture(config), problems)
+    capped = getattr(text, "attn_logit_softcapping", None)
+    needs = {
+        "sliding_window": window(config_windows(text), len(_kinds(text)), max_seq_len),
+        "softcap": softcap(capped),
+        "sinks": assumed_sinks(beyond_sdpa(text), capped is not None),
+    }
+    return {feature: what for feature, what in needs.items() if what}
 
 
 def check_probe(
     config: PretrainedConfig, handed: Mapping[int, Mapping[str, object]], max_seq_len: int
-) -> None:
-    """Refuses what the probe forward showed: `handed[layer]` is what transformers passed that
-    layer's attention function besides query, key, value, mask, scaling and dropout."""
-    layers = getattr(config.get_text_config(), "num_hidden_layers", None) or len(handed)
-    calls = list(handed.values())
-    windows = {i: int(kw["sliding_window"]) for i, kw in handed.items() if kw.get("sliding_window")}
-    problems = [
-        silent_layers(layers - len(handed), layers),
-        softcap(next((kw["softcap"] for kw in calls if kw.get("softcap") is not None), None)),
-        sinks(any(kw.get("s_aux") is not None for kw in calls)),
-        window(windows, layers, max_seq_len),
-    ]
+) -> Needs:
+    """Refuses what the probe forward showed no backend serves, and returns what the layers' attention
+    needs: `handed[layer]` is what transformers passed that layer's attention function besides query,
+    key, value, mask, scaling and dropout."""
+    text = config.get_text_config()
+    layers = getattr(text, "num_hidden_layers", None) or len(handed)
+    rules = {layer: rule for layer, kw in handed.items() if (rule := LayerRule.of(kw, max_seq_len))}
+    needs = {
+        "sliding_window": window({i: r.window for i, r in rules.items() if r.window}, layers, max_seq_len),
+        "softcap": softcap(next((r.softcap for r in rules.values() if r.softcap is not None), None)),
+        "sinks": sinks(any(r.sinks for r in rules.values())),
+    }
+    problems = [silent_layers(layers - len(handed), layers), unexplained(beyond_sdpa(text), needs)]
     _refuse(architecture(config), problems)
+    return {feature: what for feature, what in needs.items() if what}
 
 
 def architecture(config: PretrainedConfig) -> str:
@@ -100,9 +111,23 @@ def beyond_sdpa(text: PretrainedConfig) -> str | None:
     cls = _causal_lm_class(text)
     if cls is None or cls._supports_sdpa:
         return None
+    return f"transformers marks {cls.__name__} _supports_sdpa false"
+
+
+def assumed_sinks(mark: str | None, capped: bool) -> str | None:
+    # Before the weights load the mark is all there is: soft-capping where the config shows it, else
+    # taken for sinks (the probe confirms it: `unexplained`).
+    if mark is None or capped:
+        return None
+    return f"attention sinks ({mark}, and the config shows no soft-capping)"
+
+
+def unexplained(mark: str | None, needs: Mapping[str, str | None]) -> str | None:
+    if mark is None or needs.get("softcap") or needs.get("sinks"):
+        return None
     return (
-        f"attention beyond plain softmax attention (transformers marks {cls.__name__} _supports_sdpa "
-        "false, as for sinks or soft-capping), which is all the backends compute"
+        f"attention beyond plain softmax attention ({mark}) that its layers hand the attention "
+        "function as neither soft-capping nor sinks"
     )
 
 
@@ -127,13 +152,11 @@ def bidirectional(text: PretrainedConfig) -> str | None:
 def softcap(value: object) -> str | None:
     if value is None:
         return None
-    return f"attention logit soft-capping (attn_logit_softcapping {value}): the backends do not cap"
+    return f"attention logit soft-capping (attn_logit_softcapping {value})"
 
 
 def sinks(present: bool) -> str | None:
-    if not present:
-        return None
-    return "attention sinks (the layers hand the attention function s_aux): the backends have none"
+    return "attention sinks (the layers hand the attention function s_aux)" if present else None
 
 
 def silent_layers(count: int, layers: int) -> str | None:
@@ -143,16 +166,12 @@ def silent_layers(count: int, layers: int) -> str | None:
 
 
 def window(windows: Mapping[int, int], layers: int, max_seq_len: int) -> str | None:
-    """A sliding window binds only past its length: a query at position p sees p - W + 1 .. p
-    (transformers' mask), all of a sequence of at most W tokens."""
-    binding = {w for w in windows.values() if w < max_seq_len}
+    binding = sorted({w for w in windows.values() if binds(w, max_seq_len)})
     if not binding:
         return None
-    w = min(binding)
     return (
         f"sliding-window attention ({len(windows)} of {layers} layers see only the last "
-        f"{'/'.join(map(str, sorted(binding)))} tokens), which the backends do not apply: set "
-        f"max_seq_len <= {w} (it is {max_seq_len}), where no window binds and the model is served exactly"
+        f"{'/'.join(map(str, binding))} tokens; none binds at max_seq_len <= {binding[0]})"
     )
 
 

@@ -10,6 +10,11 @@ cache.
 
 Slots are vLLM's: token position p of a sequence lives at slot `block_table[p // block_size] *
 block_size + p % block_size` (`slot`), whatever a backend does with them.
+
+Beyond causal softmax attention, transformers may hand a layer's attention function a sliding
+window, a logit soft-cap or attention sinks (`LayerRule`, read once per layer at the probe). Each
+backend declares which of these it computes (`computes`); the runner never gives it a model that
+needs another (`model_support`, `attention.choose`).
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ from __future__ import annotations
 import contextlib
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import ClassVar
 
 import torch
@@ -29,6 +35,39 @@ from transformers.masking_utils import AttentionMaskInterface
 # A layer's keys as the probe saw them: (kv_heads, head_dim, dtype).
 LayerShape = tuple[int, int, torch.dtype]
 _instances = itertools.count()
+NOTHING: Mapping[str, object] = MappingProxyType({})  # a plain layer's extra kwargs (a fast path's)
+# What a layer's attention may need beyond causal softmax attention, by the kwarg transformers hands.
+FEATURES = {"sliding_window": "sliding_window", "softcap": "softcap", "sinks": "s_aux"}
+
+
+def binds(window: int | None, max_seq_len: int) -> bool:
+    """Whether a sliding window changes anything: a query at position p sees p - W < k <= p
+    (transformers' mask), all of a sequence of at most W tokens."""
+    return bool(window) and window < max_seq_len
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    """What one layer's attention adds to causal softmax attention (None: nothing)."""
+
+    window: int | None = None  # a query at position p sees keys p - window < k <= p
+    softcap: float | None = None  # scores = softcap * tanh(scores / softcap), before mask and softmax
+    sinks: bool = False  # a learned logit per head (`s_aux`): one more softmax column, dropped after
+
+    @classmethod
+    def of(cls, handed: Mapping[str, object], max_seq_len: int) -> LayerRule | None:
+        """The rule of a layer that was handed `handed` (besides q, k, v, mask, scaling)."""
+        window = handed.get("sliding_window")
+        rule = cls(
+            int(window) if binds(window, max_seq_len) else None,
+            handed.get("softcap"),
+            handed.get("s_aux") is not None,
+        )
+        return None if rule == cls() else rule
+
+    @property
+    def features(self) -> set[str]:
+        return {f for f, on in zip(FEATURES, (self.window, self.softcap, self.sinks), strict=True) if on}
 
 
 def slot(block_table: list[int], position: int, block_size: int) -> int:
@@ -68,6 +107,7 @@ class PackedStep:
 
 class AttentionBackend(ABC):
     name: ClassVar[str]
+    computes: ClassVar[frozenset[str]] = frozenset()  # the FEATURES it computes exactly
 
     def __init__(self, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
         self.block_size = block_size
@@ -144,9 +184,10 @@ class AttentionBackend(ABC):
         key: torch.Tensor,  # [1, kv_heads, tokens, head_dim]
         value: torch.Tensor,
         scaling: float | None,
+        handed: Mapping[str, object] = NOTHING,
     ) -> torch.Tensor:
         """Writes the layer's new keys/values and returns the attention output [1, tokens, heads,
-        head_dim], reading `self.metadata`."""
+        head_dim], reading `self.metadata`; `handed`: transformers' other kwargs (`FEATURES`')."""
 
     # -- transformers' side ----------------------------------------------------------------------
     def attend(
@@ -170,7 +211,7 @@ class AttentionBackend(ABC):
             )
             return out.transpose(1, 2), None
         assert self.metadata is not None, "attention called outside a runner step"
-        return self.forward(module, query, key, value, scaling), None
+        return self.forward(module, query, key, value, scaling, kwargs), None
 
     def probe_shapes(self, run: Callable[[], object]) -> dict[int, LayerShape]:
         """Each layer's key shape, learnt by `run`ning a forward without a cache (and `handed`)."""
@@ -184,8 +225,10 @@ class AttentionBackend(ABC):
 
     def register(self) -> str:
         """Registers `attend` under a name of its own (several runners may share a process) and
-        returns it, to pass as the model's attn_implementation."""
-        name = f"tritonlm_{self.name}_{next(_instances)}"
+        returns it, to pass as the model's attn_implementation. Not the backend's name: transformers
+        checks `_supports_sdpa` for any name containing "sdpa" (refusing Gemma 2, gpt-oss), and
+        treats "flash", "flex_attention" and "paged|" names as its own."""
+        name = f"tritonlm_attention_{next(_instances)}"
         AttentionInterface.register(name, self.attend)
         AttentionMaskInterface.register(name, _no_mask)
         return name

@@ -11,18 +11,22 @@ decode workspace, no gathered prefix, no masks, and a prompt chunk after a cache
 prefix where it lies. Against torch's SDPA per prefill chunk (flash attention for CPU), the prefill
 attention of 145-token prompts takes half the time (docs/benchmarks.md).
 
+It computes plain causal attention only (`computes` is empty: no sliding window, soft-capping or
+sinks); a checkpoint that needs one goes to `sdpa` (`attention.choose`).
+
 Offered only where the kernel is built for this source and torch and the CPU runs AVX-512
 (`cpu_kernels.unavailable`); elsewhere `auto` takes `sdpa` and says why in the log.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from tritonlm.worker import cpu_kernels
-from tritonlm.worker.attention.base import LayerShape, PackedStep
+from tritonlm.worker.attention.base import NOTHING, LayerShape, PackedStep
 from tritonlm.worker.attention.sdpa import SdpaBackend
 
 
@@ -40,6 +44,7 @@ class CpuPagedBackend(SdpaBackend):
     """`sdpa`'s KV pools and copies (`SdpaBackend`), attended by the kernel."""
 
     name = "cpu_paged"
+    computes = frozenset()  # the kernel's rule is causal softmax, nothing more
 
     @classmethod
     def available(cls, device: torch.device) -> bool:
@@ -79,6 +84,7 @@ class CpuPagedBackend(SdpaBackend):
         key: torch.Tensor,
         value: torch.Tensor,
         scaling: float | None,
+        handed: Mapping[str, object] = NOTHING,
     ) -> torch.Tensor:
         meta: PagedMetadata = self.metadata
         k_pool, v_pool = self.cache.keys[module.layer_idx], self.cache.values[module.layer_idx]

@@ -13,26 +13,43 @@ Rejected proposals leave stale keys/values in their slots, which are given back
 attention goes through the interface (Llama, Qwen2, Mistral, GPT-2 …) works unchanged; grouped-query
 attention goes through SDPA's `enable_gqa`, or, with `fuse_projections` on CPU, is folded into the
 query length (`fold_gqa`).
+
+A layer that needs more than causal softmax attention (its `LayerRule`, decided once per layer from
+what the probe saw) reads the same keys/values: a sliding window as masks of its own (still SDPA),
+soft-capping or sinks through `explicit.attention` instead of SDPA. Plain layers take neither.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Mapping
+
 import torch
 import torch.nn.functional as F
 
-from tritonlm.worker.attention import sdpa_metadata
-from tritonlm.worker.attention.base import AttentionBackend, DecodePlan, LayerShape, PackedStep
-from tritonlm.worker.attention.sdpa_metadata import SdpaMetadata
+from tritonlm.worker.attention import explicit, sdpa_metadata
+from tritonlm.worker.attention.base import (
+    FEATURES,
+    NOTHING,
+    AttentionBackend,
+    DecodePlan,
+    LayerRule,
+    LayerShape,
+    PackedStep,
+)
+from tritonlm.worker.attention.sdpa_metadata import Masks, SdpaMetadata
 from tritonlm.worker.decode_workspace import DecodeWorkspace
 from tritonlm.worker.kv_cache import PagedKVCache
 
 
 class SdpaBackend(AttentionBackend):
     name = "sdpa"
+    computes = frozenset(FEATURES)
 
     def __init__(self, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__(block_size, dtype, device)
         self.cache = PagedKVCache(block_size, dtype, device)
+        self.rules: dict[int, LayerRule] = {}  # the layers that are not plain, set by `allocate`
         self.workspace: DecodeWorkspace | None = None  # on CPU, set by `allocate`
         # Decode attention with one query per sequence folds GQA groups into the query length.
         self.fold_gqa = False
@@ -45,6 +62,8 @@ class SdpaBackend(AttentionBackend):
         self, num_blocks: int, shapes: dict[int, LayerShape], max_num_seqs: int, max_seq_len: int
     ) -> None:
         self.cache.allocate(num_blocks, shapes)
+        rules = {layer: LayerRule.of(handed, max_seq_len) for layer, handed in self.handed.items()}
+        self.rules = {layer: rule for layer, rule in rules.items() if rule is not None}
         if self.device.type == "cpu":  # see DecodeWorkspace; on a GPU gathering the blocks is cheap
             budget = max(self.cache.memory_bytes() // 2, 256 << 20)
             self.workspace = DecodeWorkspace(self.cache, max_num_seqs, max_seq_len, budget)
@@ -79,7 +98,8 @@ class SdpaBackend(AttentionBackend):
 
     def build_metadata(self, step: PackedStep) -> SdpaMetadata:
         fills = step.decode_plan.state if step.decode_plan is not None else None
-        return sdpa_metadata.build(step, self.cache, fills)
+        windows = {rule.window for rule in self.rules.values() if rule.window}
+        return sdpa_metadata.build(step, self.cache, fills, windows)
 
     def forward(
         self,
@@ -88,6 +108,7 @@ class SdpaBackend(AttentionBackend):
         key: torch.Tensor,
         value: torch.Tensor,
         scaling: float | None,
+        handed: Mapping[str, object] = NOTHING,
     ) -> torch.Tensor:
         meta: SdpaMetadata = self.metadata
         layer = module.layer_idx
@@ -95,21 +116,21 @@ class SdpaBackend(AttentionBackend):
         k_pool, v_pool = self.cache.keys[layer], self.cache.values[layer]
         k_pool.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
         v_pool.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
+        rule = self.rules.get(layer)  # None for a plain layer: SDPA under the causal masks
+        attend, masks = (F.scaled_dot_product_attention, None) if rule is None else _ruled(rule, meta, handed)
         outputs = []
         if meta.num_decodes:
-            outputs.append(self._decode(layer, meta, query, key, value, scaling, gqa))
-        for part in meta.prefills:
+            outputs.append(self._decode(layer, meta, query, key, value, scaling, gqa, attend, masks))
+        for i, part in enumerate(meta.prefills):
             q = query[:, :, part.offset : part.offset + part.length]
-            if part.slots is None:  # the whole sequence is in this chunk: its own keys, causal
+            mask = part.mask if masks is None else masks.prefills[i]
+            if part.slots is None:  # the whole sequence is in this chunk: its own keys
                 k = key[:, :, part.offset : part.offset + part.length]
                 v = value[:, :, part.offset : part.offset + part.length]
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)
             else:  # after a cached prefix: its blocks, with the causal mask shifted by the prefix
                 k = k_pool[part.slots].transpose(0, 1)[None]
                 v = v_pool[part.slots].transpose(0, 1)[None]
-                out = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=part.mask, scale=scaling, enable_gqa=gqa
-                )
+            out = attend(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scaling, enable_gqa=gqa)
             outputs.append(out[0].transpose(0, 1))  # [length, heads, head_dim]
         return torch.cat(outputs)[None] if len(outputs) > 1 else outputs[0][None]
 
@@ -122,9 +143,12 @@ class SdpaBackend(AttentionBackend):
         value: torch.Tensor,
         scaling: float | None,
         gqa: bool,
+        attend: Callable[..., torch.Tensor],
+        masks: Masks | None,
     ) -> torch.Tensor:
         """The decode tokens' attention output, [decode tokens, heads, head_dim]."""
         n, dq = meta.num_decodes, meta.decode_queries
+        mask = meta.decode_mask if masks is None else masks.decode
         if meta.decode_positions is not None:  # rows [0, n) of the workspace, in place
             t = n if dq is None else dq.num_tokens  # decode tokens
             ws = self.workspace
@@ -144,17 +168,24 @@ class SdpaBackend(AttentionBackend):
             # A group's query heads share their keys and, one query each, a position: they are
             # rows of one query of their key head.
             q = query[0, :, :n].transpose(0, 1).reshape(n, key.shape[1], -1, dim)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_mask, scale=scaling)
+            out = attend(q, k, v, attn_mask=mask, scale=scaling)
             return out.reshape(n, heads, dim)
         if dq is None:  # one query each: [batch, heads, 1, head_dim]
             q = query[0, :, :n].transpose(0, 1).unsqueeze(2)
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=meta.decode_mask, scale=scaling, enable_gqa=gqa
-            )
+            out = attend(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
             return out.squeeze(2)  # [batch, heads, head_dim]
         # padded to [batch, heads, width, head_dim], then back to the decode tokens
         q = query[0][:, dq.gather].view(heads, n, dq.width, dim).transpose(0, 1)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=meta.decode_mask, scale=scaling, enable_gqa=gqa
-        )
+        out = attend(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
         return out.transpose(1, 2).reshape(n * dq.width, heads, dim)[dq.scatter]
+
+
+def _ruled(
+    rule: LayerRule, meta: SdpaMetadata, handed: Mapping[str, object]
+) -> tuple[Callable[..., torch.Tensor], Masks | None]:
+    """A ruled layer's attention function (SDPA unless it caps or sinks) and masks (its window's)."""
+    attend = F.scaled_dot_product_attention
+    if rule.softcap is not None or rule.sinks:
+        sinks = handed["s_aux"] if rule.sinks else None
+        attend = functools.partial(explicit.attention, softcap=rule.softcap, sinks=sinks)
+    return attend, None if rule.window is None else meta.windows[rule.window]

@@ -7,7 +7,9 @@ With one query each, the common case, the queries are `[batch, heads, 1, head_di
 sequence feeds k > 1 tokens (proposals to verify) they are padded to `[batch, heads, k_max,
 head_dim]` (`DecodeQueries`; a pad row repeats the sequence's last token and is dropped after) and
 the mask is per query row: query j sees the cached prefix and the new tokens up to j (causal).
-Each prefill chunk gets a call of its own (`PrefillPart`).
+Each prefill chunk gets a call of its own (`PrefillPart`). Layers with a sliding window read the
+same views under masks of their own (`Masks`, one per window size: a query at position p sees
+p - W < k <= p).
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ class DecodeQueries:
 
 
 @dataclass
+class Masks:
+    """The keys each query sees under a sliding window: the decodes' and each prefill chunk's."""
+
+    decode: torch.Tensor | None  # [num_decodes, 1, queries, max_len], as `SdpaMetadata.decode_mask`
+    prefills: list[torch.Tensor]  # per PrefillPart: [length, start + length]
+
+
+@dataclass
 class SdpaMetadata:
     """Where every token of one packed forward step goes."""
 
@@ -62,13 +72,23 @@ class SdpaMetadata:
     # (a prefix cached in this very step is computed by another sequence of the step): (row, slots).
     workspace_fills: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     decode_queries: DecodeQueries | None = None  # None: one token per decoding sequence
+    windows: dict[int, Masks] = field(default_factory=dict)  # per window size the layers use
+
+
+def sees(queries: torch.Tensor, keys: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """Which keys each query sees, by position (broadcast): causal, and within `window` if any."""
+    seen = keys <= queries
+    return seen if window is None else seen & (keys > queries - window)
 
 
 def build(
-    step: PackedStep, cache: PagedKVCache, fills: list[tuple[int, torch.Tensor]] | None
+    step: PackedStep,
+    cache: PagedKVCache,
+    fills: list[tuple[int, torch.Tensor]] | None,
+    windows: set[int] = frozenset(),
 ) -> SdpaMetadata:
     """The metadata of `step`; `fills`: the decodes read the workspace (its rows to fill), None: they
-    gather their blocks."""
+    gather their blocks; `windows`: the layers' sliding-window sizes, each masked its own way."""
     device, bs = cache.device, cache.block_size
     n = step.num_decodes
     parts: list[PrefillPart] = []
@@ -80,17 +100,36 @@ def build(
             parts.append(PrefillPart(offset, length, 0, None, None))
         else:
             pos = torch.arange(start + length)
-            mask = pos[None, :] <= pos[start:, None]
+            mask = sees(pos[start:, None], pos)
             all_slots = slots(table, 0, start + length, bs)
             parts.append(PrefillPart(offset, length, start, all_slots.to(device), mask.to(device)))
         offset += length
-    return SdpaMetadata(
+    meta = SdpaMetadata(
         slot_mapping=step.slot_mapping.to(device),
         num_decodes=n,
         prefills=parts,
         workspace_fills=fills or [],
         **_decode_fields(step, fills is not None, cache),
     )
+    meta.windows = {w: _window_masks(step, parts, w, meta.decode_length, device) for w in windows}
+    return meta
+
+
+def _window_masks(
+    step: PackedStep, parts: list[PrefillPart], window: int, longest: int, device: torch.device
+) -> Masks:
+    """The masks of layers with a sliding window of `window` (keys indexed by position, as above)."""
+    n = step.num_decodes
+    decode = None
+    if n:  # query row j of decoding sequence i at position first_i + min(j, k_i - 1), as padded
+        widths, first = torch.tensor(step.num_new[:n]), torch.tensor(step.num_computed[:n])
+        j = torch.minimum(torch.arange(int(widths.max()))[None, :], (widths - 1)[:, None])
+        decode = sees((first[:, None] + j)[:, None, :, None], torch.arange(longest), window).to(device)
+    prefills = []
+    for part in parts:
+        pos = torch.arange(part.start + part.length)
+        prefills.append(sees(pos[part.start :, None], pos, window).to(device))
+    return Masks(decode, prefills)
 
 
 def _decode_fields(step: PackedStep, on_workspace: bool, cache: PagedKVCache) -> dict[str, object]:
@@ -144,5 +183,5 @@ def _decode_queries(
     queries = DecodeQueries(total, width, gather.to(device), scatter.to(device), seq_of.to(device))
     keys = torch.arange(longest)
     valid = keys[None, :] < ends[:, None]
-    mask = keys[None, None, :] <= ((ends - w)[:, None] + j)[:, :, None]
+    mask = sees(((ends - w)[:, None] + j)[:, :, None], keys)
     return queries, valid, mask[:, None].to(device)
