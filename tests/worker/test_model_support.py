@@ -171,7 +171,8 @@ def test_the_families_served_today_start_through_the_runner(tmp_path, family):
     assert sorted(runner.attention.handed) == [0, 1]
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "tiny", "bench"])
+# What make setup prepares (the bench model, made by make bench, has the tiny one's architecture).
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "tiny"])
 def test_the_projects_checkpoints_start(name):
     path = ROOT / "models" / name
     if not (path / "config.json").is_file():
