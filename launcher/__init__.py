@@ -19,6 +19,7 @@ import ctypes.util
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -246,6 +247,25 @@ def frontend_health(ports: Ports, config: FrontendConfig | None = None) -> tuple
     return f"https://localhost:{ports.frontend}/health", context
 
 
+# Triton's line for a model that did not load:
+# `... "failed to load 'NAME' version 1: Internal: WHY\n\nAt: <traceback>"`.
+_LOAD_FAILURE = re.compile(r"failed to load '([^']+)' version \d+: (?:\w+: )?(.*?)(?:\\n|\"$)")
+
+
+def load_failures(log_path: Path, start: int = 0) -> list[str]:
+    """Why tritonserver's models did not load, from its log after byte `start`: each model's error
+    without the Python traceback Triton appends (the engine's refusal of a checkpoint it cannot serve
+    exactly, a bad setting), so the console says it rather than only that tritonserver exited."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(start)
+            lines = log.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+    found = (_LOAD_FAILURE.search(line) for line in lines)
+    return [f"{m.group(1)}: {m.group(2)}" for m in found if m]
+
+
 def wait_ready(
     url: str,
     process: subprocess.Popen,
@@ -417,6 +437,7 @@ class Supervisor:
 
     def _start_triton(self, replica: Replica) -> bool:
         log = self.log_dir / replica.log_name
+        written = log.stat().st_size if log.exists() else 0  # the log is appended to: this start's part
         work_dir = self.log_dir
         replica.process = start_triton(
             replica.ports, self.model_dir, log, work_dir, replica.server_id, self.config, self.repository
@@ -426,7 +447,11 @@ class Supervisor:
         def ours() -> bool:  # ready, and the server we started (not one left over on the port)
             return http_ok(f"{url}/health/ready") and http_ok(url, expect_name=replica.server_id)
 
-        return wait_ready(url, replica.process, 600, replica.name, ours, lambda: self.stopping)
+        try:
+            return wait_ready(url, replica.process, 600, replica.name, ours, lambda: self.stopping)
+        except RuntimeError as error:  # it exited: say why, as its log does (a refused checkpoint)
+            reasons = "".join(f"\n  {reason}" for reason in load_failures(log, written))
+            raise RuntimeError(f"{error} (log: {log}){reasons}") from None
 
     def start(self) -> bool:
         """Starts all and waits until they serve; False if a stop was asked meanwhile."""
