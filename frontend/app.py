@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from opentelemetry.trace import TracerProvider
 
 from frontend import errors
@@ -106,31 +106,8 @@ def create_app(
     errors.install(app)
     install_ops(app, config, tracer)
 
-    @app.get("/health")
-    async def health(request: Request) -> dict[str, str]:
-        names = triton_models(request.app.state.served_models.values())
-        if not await request.app.state.triton.ready(names):
-            expected = f" (server id {server_id})" if server_id else ""
-            models = ", ".join(names)
-            message = f"Triton{expected} not serving at {triton_url}, or models not ready: {models}"
-            raise APIError(503, message, "unhealthy")
-        return {"status": "ok"}
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict:
-        state = request.app.state
-        cards = []
-        for name, task in served(request).items():
-            card = {"id": name, "object": "model", "created": state.created, "owned_by": "tritonlm"}
-            if task == "generate":  # what a request that leaves them out samples with
-                card["sampling_defaults"] = traits(request, name).sampling.as_dict()
-            if name in state.lora_adapters:  # vLLM's way: an adapter's parent is its base model
-                card["parent"] = state.model_name
-            if name in state.runtime_adapters:  # and its root the directory it came from
-                card.update(root=state.runtime_adapters[name].path, parent=state.model_name)
-            cards.append(card)
-        return {"object": "list", "data": cards}
-
+    app.state.triton_url, app.state.server_id = triton_url, server_id  # /health says where
+    app.include_router(_own)  # /health, /v1/models
     install_admin(app, config)  # ADMIN_API_KEY: loading LoRA adapters and models at run time
     app.include_router(tgi.router)
     app.include_router(openai_api.router)
@@ -141,6 +118,38 @@ def create_app(
     app.include_router(tokenize.router)
     app.include_router(render.router)
     return app
+
+
+# The app's own routes (the APIs' are in their folders).
+_own = APIRouter()
+
+
+@_own.get("/health")
+async def health(request: Request) -> dict[str, str]:
+    state = request.app.state
+    names = triton_models(state.served_models.values())
+    if not await state.triton.ready(names):
+        expected = f" (server id {state.server_id})" if state.server_id else ""
+        models = ", ".join(names)
+        message = f"Triton{expected} not serving at {state.triton_url}, or models not ready: {models}"
+        raise APIError(503, message, "unhealthy")
+    return {"status": "ok"}
+
+
+@_own.get("/v1/models")
+async def models(request: Request) -> dict:
+    state = request.app.state
+    cards = []
+    for name, task in served(request).items():
+        card = {"id": name, "object": "model", "created": state.created, "owned_by": "tritonlm"}
+        if task == "generate":  # what a request that leaves them out samples with
+            card["sampling_defaults"] = traits(request, name).sampling.as_dict()
+        if name in state.lora_adapters:  # vLLM's way: an adapter's parent is its base model
+            card["parent"] = state.model_name
+        if name in state.runtime_adapters:  # and its root the directory it came from
+            card.update(root=state.runtime_adapters[name].path, parent=state.model_name)
+        cards.append(card)
+    return {"object": "list", "data": cards}
 
 
 def served_name(app: FastAPI, triton_name: str) -> str:
