@@ -33,6 +33,8 @@ def _weights(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
 def test_every_method_computes_f_linear(name, dtype):
     weight, bias, x = _weights(dtype)
     method = METHODS[name]
+    if method.holds is not torch.Tensor:
+        pytest.skip(f"{name} holds {method.holds.__name__}, not dense weights")
     if method.supports(weight) is not None:
         pytest.skip(f"{name}: {method.supports(weight)}")
     for b in (bias, None):
@@ -71,6 +73,8 @@ def test_choose_takes_the_best_method_that_holds_the_weight():
 def test_lora_composes_with_every_method(model_dir, monkeypatch, name):
     """LoRA's hooks add to a fused projection computed by any method what a merged weight gives."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if METHODS[name].holds is not torch.Tensor:
+        pytest.skip(f"{name}: LoRA over quantized weights is tested with them (test_int4.py)")
     if METHODS[name].supports(model.lm_head.weight) is not None:
         pytest.skip(f"{name}: {METHODS[name].supports(model.lm_head.weight)}")
     merged = copy.deepcopy(model)

@@ -49,14 +49,35 @@ GROUPS = {
 }
 
 
+class QuantizedLinear(nn.Module):
+    """Stands in for an nn.Linear whose weight was loaded quantized (`quantized`, e.g. a GGUF file's
+    4-bit blocks as an `Int4Weight`), until `fuse` groups it or `hold_quantized` gives it its own
+    projection: it has the features and the bias, never a dense weight."""
+
+    def __init__(self, weight: linear_methods.Weight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.quantized, self.bias = weight, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("a quantized projection runs by its linear method: fused.hold_quantized")
+
+
+Linear = nn.Linear | QuantizedLinear  # what a projection is before it gets its method
+
+
+def _weight(linear: Linear) -> linear_methods.Weight:
+    return linear.quantized if isinstance(linear, QuantizedLinear) else linear.weight.detach()
+
+
 class PackedLinear(nn.Module):
     """Stands in for one nn.Linear (same features, same forward hooks), computed by its `projection`."""
 
-    def __init__(self, name: str, linear: nn.Linear, keep_weight: bool = False) -> None:
+    def __init__(self, name: str, linear: Linear, keep_weight: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         bias = None if linear.bias is None else linear.bias.detach()
-        self.projection = linear_methods.prepare(name, linear.weight.detach(), bias)
+        self.projection = linear_methods.prepare(name, _weight(linear), bias)
         if keep_weight:  # e.g. the LM head, whose weight others read (tied embeddings, vocab size)
             self.weight = linear.weight
 
@@ -67,14 +88,16 @@ class PackedLinear(nn.Module):
 class _Group:
     """The projections that read one input: one matrix multiply for all, cached for the others."""
 
-    def __init__(self, name: str, linears: list[nn.Linear]) -> None:
-        weight = torch.cat([m.weight.detach() for m in linears])
+    def __init__(self, name: str, linears: list[Linear]) -> None:
+        weights = [_weight(m) for m in linears]
+        weight = torch.cat(weights) if isinstance(weights[0], torch.Tensor) else type(weights[0]).cat(weights)
         biases = [m.bias for m in linears]
         bias = None
         if any(b is not None for b in biases):
+            given = next(b for b in biases if b is not None)
             bias = torch.cat(
                 [
-                    b.detach() if b is not None else weight.new_zeros(m.out_features)
+                    b.detach() if b is not None else given.new_zeros(m.out_features)
                     for m, b in zip(linears, biases, strict=True)
                 ]
             )
@@ -103,7 +126,7 @@ class _Group:
 class GroupMember(nn.Module):
     """One projection of a `_Group`, in place of its nn.Linear (same features, same hooks)."""
 
-    def __init__(self, linear: nn.Linear, group: _Group, member: int) -> None:
+    def __init__(self, linear: Linear, group: _Group, member: int) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.group, self.member = group, member
@@ -180,13 +203,13 @@ def fuse(model: nn.Module) -> int:
             continue
         grouped, single = GROUPS[match.block]
         linears = [getattr(block, n, None) for n in grouped]
-        if not all(type(m) is nn.Linear and m.in_features == linears[0].in_features for m in linears):
-            continue  # another layout (e.g. GPT-2's c_attn): left as it is
+        if not _same_kind(linears):
+            continue  # another layout (e.g. GPT-2's c_attn), or dense and quantized members: left
         group = _Group(f"{name}.{'_'.join(grouped)}", linears)
         for i, n in enumerate(grouped):
             setattr(block, n, GroupMember(linears[i], group, i))
         for n in single:
-            if type(getattr(block, n, None)) is nn.Linear:
+            if type(getattr(block, n, None)) in (nn.Linear, QuantizedLinear):
                 setattr(block, n, PackedLinear(f"{name}.{n}", getattr(block, n)))
         fused += 1
     head = model.get_output_embeddings()
@@ -195,3 +218,24 @@ def fuse(model: nn.Module) -> int:
     if fused:
         _fuse_layer_ops(model)
     return fused
+
+
+def _same_kind(linears: list[nn.Module | None]) -> bool:
+    """Whether one matrix multiply can compute them all: projections of one input, their weights
+    all dense or all of one quantized form."""
+    if any(type(m) not in (nn.Linear, QuantizedLinear) for m in linears):
+        return False
+    forms = {type(_weight(m)) for m in linears}
+    return len(forms) == 1 and len({m.in_features for m in linears}) == 1
+
+
+def hold_quantized(model: nn.Module) -> int:
+    """Gives every quantized projection `fuse` did not group (fusion off, a mixed group, another
+    layout) its own projection; returns how many."""
+    held = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is QuantizedLinear:
+            parent, _, attribute = name.rpartition(".")
+            setattr(model.get_submodule(parent), attribute, PackedLinear(name, module))
+            held += 1
+    return held

@@ -20,10 +20,12 @@ from __future__ import annotations
 import logging
 
 import torch
-from transformers import AutoConfig
+from transformers import AutoConfig, PretrainedConfig
 
 from tritonlm import platforms
 from tritonlm.config import EngineConfig
+from tritonlm.gguf import checkpoint as gguf_checkpoint
+from tritonlm.gguf import weights as gguf_weights
 from tritonlm.multimodal.encoder import language_model_class
 from tritonlm.step import ModelOutput, StepBatch
 from tritonlm.worker import attention, fused, model_paths, model_support, step_inputs
@@ -46,17 +48,12 @@ class ModelRunner:
         self.dtype = config.torch_dtype(self.device, getattr(checkpoint, "dtype", None))
         backend = attention.choose(config.attention_backend, self.device, needs)
         self.attention = backend(config.block_size, self.dtype, self.device)
-        self.model = (
-            language_model_class(checkpoint)
-            .from_pretrained(
-                config.model_dir, dtype=self.dtype, attn_implementation=self.attention.register()
-            )
-            .to(self.device)
-        )
+        self.model = self._load(config, checkpoint).to(self.device)
         self.model.eval()
         # Before the LoRA hooks go on the projections that replace them.
         if config.fuse_projections and fused.fuse(self.model):
             self.attention.on_fused_projections()
+        fused.hold_quantized(self.model)
         self.generic = TransformersPath(self.model, self.device)
         self.lora = self.generic.lora
         self.fast_path = model_paths.fast_path(config.model_path, self.model, self.attention, self.platform)
@@ -81,6 +78,27 @@ class ModelRunner:
             self.attention.name,
             self.fast_path.name if self.fast_path else self.generic.name,
             self.attention.memory_bytes() / 2**20,
+        )
+
+    def _load(self, config: EngineConfig, checkpoint: PretrainedConfig) -> torch.nn.Module:
+        """The checkpoint's model: from its directory, or from the GGUF file it was written for
+        (its 4-bit projections kept quantized on the CPU)."""
+        attn_implementation = self.attention.register()
+        file = gguf_checkpoint.weights_file(config.model_dir)
+        if file is None:
+            model_class = language_model_class(checkpoint)
+            return model_class.from_pretrained(
+                config.model_dir, dtype=self.dtype, attn_implementation=attn_implementation
+            )
+        keep_int4 = self.platform.name == "cpu"
+        if keep_int4 and self.dtype == torch.float32:
+            log.warning(
+                "%s: its 4-bit weights multiply much faster with dtype=bfloat16 (torch's int4 kernel "
+                "has no fast float32 loop)",
+                file.name,
+            )
+        return gguf_weights.load(
+            file, checkpoint, self.dtype, keep_int4, attn_implementation=attn_implementation
         )
 
     @torch.inference_mode()

@@ -28,6 +28,7 @@ class Projection(ABC):
 
 class LinearMethod(ABC):
     name: str = ""
+    holds: type = torch.Tensor  # the weight's form it takes: a dense tensor, or a quantized weight
 
     @classmethod
     @abstractmethod
