@@ -29,7 +29,9 @@ from typing import Any
 from frontend import sampling_defaults
 from tritonlm import settings
 from tritonlm.embedding import config as embedding_config
+from tritonlm.gguf import checkpoint as gguf_checkpoint
 from tritonlm.multimodal.limits import MediaLimits
+from tritonlm.serving import model_set
 from tritonlm.serving.model_set import ModelSet, parse_model_dirs
 from tritonlm.settings import ConfigError, at_least, between, one_of, setting
 from tritonlm.text import chat_format
@@ -99,8 +101,9 @@ class FrontendConfig:
     # -- the models ----------------------------------------------------------------------------------
     model_dir: str = setting(
         "",
-        "the served checkpoint; its config.json says which media (image, video, audio) the chat and "
-        "TGI routes accept, its chat template which tool and reasoning parsers fit",
+        "the served checkpoint: a directory, or a GGUF file (or a directory holding one), served "
+        "directly; its config says which media (image, video, audio) the chat and TGI routes "
+        "accept, its chat template which tool and reasoning parsers fit",
         env="MODEL_DIR",
         flag="--model-dir",
         shown="launcher: from `MODEL`; frontend: none (text-only)",  # the launcher resolves MODEL
@@ -119,13 +122,13 @@ class FrontendConfig:
         env="SERVED_MODEL_NAME",
         flag="--model-name",
         flags=("--served-model-name",),
-        shown="MODEL_DIR's directory name, else `tritonlm`",
+        shown="MODEL_DIR's directory name (a GGUF file's stem), else `tritonlm`",
     )
     model_dirs: tuple[str, ...] = setting(
         (),
-        "several generative models in one server: comma-separated `[NAME=]PATH` (the name defaults to "
-        "the directory's); the first is the default model, each a `model` of every API; unset, "
-        "MODEL_DIR alone",
+        "several generative models in one server: comma-separated `[NAME=]PATH` (a directory or a "
+        "GGUF file; the name defaults to the directory's or the file's stem); the first is the "
+        "default model, each a `model` of every API; unset, MODEL_DIR alone",
         env="MODEL_DIRS",
         flag="--model-dirs",
     )
@@ -366,13 +369,14 @@ class FrontendConfig:
         """The name the APIs report for the generative model."""
         if self.served_model_name:
             return self.served_model_name
-        return Path(self.model_dir).resolve().name if self.model_dir else "tritonlm"
+        return model_set.model_name(Path(self.model_dir).resolve()) if self.model_dir else "tritonlm"
 
     def served_models(self) -> list[ModelSet]:
-        """The generative models, the default one first: MODEL_DIRS, else MODEL_DIR's model alone."""
+        """The generative models, the default one first: MODEL_DIRS, else MODEL_DIR's model alone
+        (a GGUF file: the checkpoint directory written for it)."""
         if self.model_dirs:
             return parse_model_dirs(self.model_dirs)
-        model_dir = str(Path(self.model_dir).resolve()) if self.model_dir else ""
+        model_dir = str(gguf_checkpoint.prepare(self.model_dir)) if self.model_dir else ""
         return [ModelSet(self.model_name(), model_dir)]
 
     def allowed_model_dirs(self) -> list[Path]:

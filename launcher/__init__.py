@@ -39,6 +39,7 @@ from launcher import processes
 from tritonlm import contract, setup
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
+from tritonlm.gguf import checkpoint as gguf_checkpoint
 from tritonlm.serving import model_set
 from tritonlm.serving import repository as model_repository
 from tritonlm.serving.model_set import ModelSet
@@ -305,10 +306,11 @@ def remove_shm_regions(process: subprocess.Popen) -> None:
 
 
 def resolve_model_dir(config: FrontendConfig) -> Path:
-    """MODEL_DIR; else MODEL=tiny: the tiny generated model (made on first use); else the real
-    default, SmolLM2-135M-Instruct (converted at set-up, or now)."""
+    """MODEL_DIR (a GGUF file: the checkpoint directory written for it); else MODEL=tiny: the tiny
+    generated model (made on first use); else the real default, SmolLM2-135M-Instruct (converted at
+    set-up, or now)."""
     if config.model_dir:
-        return Path(config.model_dir).resolve()
+        return gguf_checkpoint.prepare(config.model_dir)
     model = config.model or setup.DEFAULT_MODEL  # the Makefile exports MODEL, empty when not given
     if model not in setup.MODELS:
         raise ConfigError(f"MODEL={model!r}: use MODEL=tiny, or MODEL_DIR=/path/to/model")
@@ -329,7 +331,8 @@ def with_served_models(config: FrontendConfig) -> tuple[FrontendConfig, list[Mod
                 )
     else:
         model_dir = resolve_model_dir(config)
-        models = [ModelSet(config.served_model_name or model_dir.name, str(model_dir))]
+        name = config.model_name() if config.model_dir else model_dir.name
+        models = [ModelSet(config.served_model_name or name, str(model_dir))]
     first = models[0]
     return replace(config, model_dir=first.model_dir, served_model_name=first.name), models
 

@@ -26,6 +26,7 @@ from tritonlm.contract import (
     PREPROCESSING,
     TRTLLM_BLS,
 )
+from tritonlm.gguf import checkpoint as gguf_checkpoint
 
 # One served model's Triton models, in the order they load (the ensemble names the others;
 # tensorrt_llm and tensorrt_llm_bls call the ensemble).
@@ -69,7 +70,8 @@ def beside(triton_name: str, kind: str) -> str:
 
 def parse_model_dirs(entries: tuple[str, ...], setting: str = "MODEL_DIRS") -> list[ModelSet]:
     """MODEL_DIRS' `[NAME=]PATH` entries as served models, the first with the plain Triton names.
-    The name defaults to the directory's (as SERVED_MODEL_NAME does for MODEL_DIR)."""
+    The name defaults to the directory's, or a GGUF file's stem (as SERVED_MODEL_NAME does for
+    MODEL_DIR)."""
     models: list[ModelSet] = []
     for entry in entries:
         name, equals, path = entry.strip().partition("=")
@@ -78,10 +80,16 @@ def parse_model_dirs(entries: tuple[str, ...], setting: str = "MODEL_DIRS") -> l
         if not path.strip():
             raise ConfigError(f"{setting}: the entry {entry!r} has no path; write [NAME=]PATH")
         resolved = Path(path.strip()).expanduser().resolve()
-        name = name.strip() or resolved.name
-        models.append(ModelSet(name, str(resolved), prefix_for(name, first=not models)))
+        name = name.strip() or model_name(resolved)
+        checkpoint = gguf_checkpoint.prepare(resolved)  # a GGUF file: the directory written for it
+        models.append(ModelSet(name, str(checkpoint), prefix_for(name, first=not models)))
     check_unique(models, setting)
     return models
+
+
+def model_name(path: Path) -> str:
+    """A checkpoint's default name: its directory's, or its GGUF file's stem."""
+    return path.stem if path.suffix == ".gguf" else path.name
 
 
 def check_unique(models: list[ModelSet], setting: str = "MODEL_DIRS") -> None:
