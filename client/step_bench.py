@@ -104,7 +104,9 @@ def main() -> None:
             "max_seq_len": args.prompt_len + args.decode_steps + 8,
             "enable_prefix_caching": False,
         }
-        config = EngineConfig(args.model_dir, **{**settings, **overrides(spec)})  # a variant's own win
+        config = EngineConfig(
+            **{"model_dir": args.model_dir, **settings, **overrides(spec)}
+        )  # a variant's own win
         runners.append(ModelRunner(config))
         one_round(runners[-1], prompts[:2], 2)  # warm-up
         print(f"variant {spec or 'defaults'!r}: built and warmed in {time.perf_counter() - t:.1f} s")
