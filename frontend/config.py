@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from frontend import sampling_defaults
-from tritonlm import settings
+from tritonlm import gguf_checkpoint, settings
 from tritonlm.embedding import config as embedding_config
-from tritonlm.gguf import checkpoint as gguf_checkpoint
 from tritonlm.multimodal.limits import MediaLimits
 from tritonlm.serving import model_set
 from tritonlm.serving.model_set import ModelSet, parse_model_dirs

@@ -36,10 +36,9 @@ from pathlib import Path
 from frontend.config import FrontendConfig
 from frontend.ops.tracing import triton_trace_flags
 from launcher import processes
-from tritonlm import contract, setup
+from tritonlm import contract, gguf_checkpoint, setup
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.embedding import config as embedding_config
-from tritonlm.gguf import checkpoint as gguf_checkpoint
 from tritonlm.serving import model_set
 from tritonlm.serving import repository as model_repository
 from tritonlm.serving.model_set import ModelSet

@@ -9,9 +9,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from tritonlm import gguf_checkpoint as checkpoint
 from tritonlm import smollm2
-from tritonlm.gguf import checkpoint, weights
 from tritonlm.worker import fused
+from tritonlm.worker import gguf_weights as weights
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]  # float32 int4 is slow: a few tokens
 

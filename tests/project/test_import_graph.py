@@ -56,7 +56,7 @@ LAYERS: list[list[str]] = [
     # the tensor contract (names and types every model exchanges), the settings framework, where a
     # decoder layer's modules live, and the platforms (torch alone)
     ["errors", "contract", "settings", "layer_names", "platforms"],
-    ["config", "request_tensors"],
+    ["config", "request_tensors", "gguf_checkpoint"],
     ["step", "lora", "structured_output", "multimodal", "spec_decode", "embedding"],
     ["text", "sampling", "worker"],
     ["engine"],

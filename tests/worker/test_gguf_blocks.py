@@ -14,7 +14,7 @@ from gguf import dequantize, quantize
 from torch.nn import functional
 
 from tests.gguf_helpers import q4_k, random_k
-from tritonlm.gguf import blocks
+from tritonlm.worker import gguf_blocks as blocks
 from tritonlm.worker import linear
 from tritonlm.worker.linear import Int4Weight
 from tritonlm.worker.linear.int4 import Int4Packed

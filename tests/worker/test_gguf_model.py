@@ -1,6 +1,7 @@
-"""A GGUF file served as a model (tritonlm/gguf): the directory written from its metadata reads as
-the checkpoint it came from (config, tokenizer, chat template), and its weights, the 4-bit types
-kept quantized, compute what transformers computes from the same file dequantized."""
+"""A GGUF file served as a model (tritonlm/gguf_checkpoint.py, tritonlm/worker/gguf_weights.py): the
+directory written from its metadata reads as the checkpoint it came from (config, tokenizer, chat
+template), and its weights, the 4-bit types kept quantized, compute what transformers computes from
+the same file dequantized."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tests.gguf_helpers import mixed_types, write_llama_gguf
-from tritonlm.gguf import checkpoint, weights
+from tritonlm import gguf_checkpoint as checkpoint
 from tritonlm.settings import ConfigError
 from tritonlm.worker import fused
+from tritonlm.worker import gguf_weights as weights
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus"
 

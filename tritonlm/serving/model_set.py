@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tritonlm import gguf_checkpoint
 from tritonlm.config import ConfigError
 from tritonlm.contract import (
     ENGINE,
@@ -26,7 +27,6 @@ from tritonlm.contract import (
     PREPROCESSING,
     TRTLLM_BLS,
 )
-from tritonlm.gguf import checkpoint as gguf_checkpoint
 
 # One served model's Triton models, in the order they load (the ensemble names the others;
 # tensorrt_llm and tensorrt_llm_bls call the ensemble).

@@ -22,13 +22,11 @@ import logging
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from tritonlm import platforms
+from tritonlm import gguf_checkpoint, platforms
 from tritonlm.config import EngineConfig
-from tritonlm.gguf import checkpoint as gguf_checkpoint
-from tritonlm.gguf import weights as gguf_weights
 from tritonlm.multimodal.encoder import language_model_class
 from tritonlm.step import ModelOutput, StepBatch
-from tritonlm.worker import attention, fused, model_paths, model_support, step_inputs
+from tritonlm.worker import attention, fused, gguf_weights, model_paths, model_support, step_inputs
 from tritonlm.worker.attention.base import LayerShape
 from tritonlm.worker.model_paths.base import ForwardInputs
 from tritonlm.worker.model_paths.generic import TransformersPath

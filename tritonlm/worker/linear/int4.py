@@ -3,7 +3,7 @@ scale and a zero (`Int4Weight`), multiplied by torch's own CPU kernel (`_weight_
 the one torchao's CPU int4 layout uses) without ever making the dense weight.
 
 The group rule is `value = (q - 8) * scale + zero` for `q` in 0..15, the kernel's own. GGUF's 4-bit
-types map onto it exactly (`tritonlm/gguf/blocks.py`): Q4_0 (`d·(q-8)`: zero 0), Q4_1 (`d·q + m`:
+types map onto it exactly (`tritonlm/worker/gguf_blocks.py`): Q4_0 (`d·(q-8)`: zero 0), Q4_1 (`d·q + m`:
 zero `m + 8d`) and Q4_K (`d·sc·q - dmin·m` per 32 values). Memory: half a byte per value plus two
 numbers per group of 32 (in the activations' dtype), a quarter of bf16's.
 

@@ -32,8 +32,8 @@ from transformers.modeling_gguf_pytorch_utils import (
     read_field,
 )
 
-from tritonlm.gguf import blocks
 from tritonlm.settings import ConfigError
+from tritonlm.worker import gguf_blocks as blocks
 from tritonlm.worker.fused import QuantizedLinear
 from tritonlm.worker.linear import Int4Weight
 

@@ -5,9 +5,10 @@ Everything but the engine's weights reads a checkpoint directory (config.json, t
 the chat template, generation_config.json), so the file's metadata is written once as such a
 directory, by transformers from the file (architecture, tokenizer, chat template, special tokens),
 with `model.gguf` linking to the file itself. The engine finds that link and loads the weights from
-the file, the 4-bit types kept quantized (`tritonlm/gguf/weights.py`).
+the file, the 4-bit types kept quantized (`tritonlm/worker/gguf_weights.py`). Torch-free: the
+launcher, the frontend and the engine resolve MODEL_DIR through it.
 
-    python -m tritonlm.gguf.checkpoint FILE [DIR]    # writes (or finds) the directory, prints it
+    python -m tritonlm.gguf_checkpoint FILE [DIR]    # writes (or finds) the directory, prints it
 
 The directory goes under models/gguf/, named by the file's name and a hash of its path, size and
 modification time (a changed file gets a new one). Only metadata is written: a few MB, seconds.
@@ -21,9 +22,8 @@ import sys
 from pathlib import Path
 
 from tritonlm.settings import ConfigError
-from tritonlm.smollm2 import ROOT
 
-CACHE = ROOT / "models" / "gguf"
+CACHE = Path(__file__).resolve().parent.parent / "models" / "gguf"
 WEIGHTS = "model.gguf"  # in a written directory: the link to the file
 
 
