@@ -23,7 +23,8 @@ in each dtype asked for.
    run; (4) serves `--q4-ours-model` in `--q4-ours-dtype` (this project does not read GGUF yet).
 
 Each server starts once per dtype and serves every level of `--concurrency` in turn (`--num-requests`:
-one count for all levels, or one per level), each level with its own warm-up, report and peak RSS.
+one count for all levels, or one per level), each level with prompts of its own (no level finds an
+earlier one's in a prefix cache), its own warm-up, report and peak RSS.
 
 Greedy, every request generates exactly `--output-len` tokens (min_new_tokens for 1-2, ignore_eos for
 4-5 and 9; the bench model never emits its end tokens, which covers 3, whose API has no
@@ -103,6 +104,7 @@ BENCH_SCHEMA = {
 }
 _GRAMMAR_STATS = ("grammar_mask_seconds", "grammar_step_seconds", "grammar_steps")
 Level = tuple[int, int]  # (concurrent streams, requests)
+LevelPrompts = dict[int, list[Prompt]]  # concurrent streams -> that level's own prompts
 LevelRuns = dict[int, tuple[dict, list]]  # concurrent streams -> (report, per-request Results)
 Reports = dict[int, dict[str, dict[str, dict]]]  # streams -> dtype -> system -> report
 
@@ -187,7 +189,7 @@ Generate = Callable[[list[Prompt], int, _Clock | None], torch.Tensor]
 
 
 def run_generate(
-    model_dir: Path, prompts: list[Prompt], levels: list[Level], one_at_a_time: bool, desc: str, dtype: str
+    model_dir: Path, prompts: LevelPrompts, one_at_a_time: bool, desc: str, dtype: str
 ) -> LevelRuns:
     """Greedy generate over each level's prompts, one at a time (1) or the level's concurrency at a
     time (2), the model loaded once."""
@@ -209,8 +211,8 @@ def run_generate(
             )
 
     return {
-        c: _generate_level(generate, prompts[:n], 1 if one_at_a_time else c, f"{desc} x{c}")
-        for c, n in levels
+        c: _generate_level(generate, part, 1 if one_at_a_time else c, f"{desc} x{c}")
+        for c, part in prompts.items()
     }
 
 
@@ -256,7 +258,7 @@ def _generate_level(
 
 
 def run_peer(
-    model_dir: Path, prompts: list[Prompt], args: argparse.Namespace, logs: Path, dtype: str
+    model_dir: Path, prompts: LevelPrompts, args: argparse.Namespace, logs: Path, dtype: str
 ) -> LevelRuns:
     exe = Path(sys.executable).parent / "transformers"
     if not exe.exists():
@@ -271,7 +273,7 @@ def run_peer(
 
 
 def run_vllm(
-    model_dir: Path, prompts: list[Prompt], args: argparse.Namespace, logs: Path, dtype: str
+    model_dir: Path, prompts: LevelPrompts, args: argparse.Namespace, logs: Path, dtype: str
 ) -> LevelRuns:
     """vLLM's OpenAI server, started as its docs say for CPUs (its `vllm` command looks for a
     distribution named `vllm`, so the module entry point); its KV cache sized like ours."""
@@ -287,13 +289,13 @@ def run_vllm(
 
 
 def run_llama_cpp(
-    model_dir: Path, prompts: list[Prompt], args: argparse.Namespace, logs: Path, dtype: str
+    model_dir: Path, prompts: LevelPrompts, args: argparse.Namespace, logs: Path, dtype: str
 ) -> LevelRuns:
     """llama.cpp's server on `dtype`'s GGUF file (converted once, client/llama_cpp.py), one slot per
     stream of the highest level."""
     gguf = llama_cpp.ensure_gguf(model_dir, dtype, logs / f"llama-cpp-convert-{dtype}.log")
     port = free_port()
-    slots = max(c for c, _ in args.levels)
+    slots = max(prompts)
     command = llama_cpp.server_command(gguf, port, model_dir.name, slots, args.input_len + args.output_len)
     return _run_openai_server(command, port, model_dir.name, prompts, args, logs / f"llama-cpp-{dtype}.log",
                               f"{NAMES['9']} {dtype}", ready_timeout=300)  # fmt: skip
@@ -303,7 +305,7 @@ def _run_openai_server(
     command: list[str],
     port: int,
     name: str,
-    prompts: list[Prompt],
+    prompts: LevelPrompts,
     args: argparse.Namespace,
     log_path: Path,
     desc: str,
@@ -320,11 +322,9 @@ def _run_openai_server(
     try:
         launcher.wait_ready(f"http://127.0.0.1:{port}/health", process, ready_timeout, desc)
         url, runs = f"http://127.0.0.1:{port}", {}
-        for c, n in args.levels:
+        for c, part in prompts.items():
             level = f"{desc} x{c}"
-            runs[c] = _drive_level(
-                "openai", url, prompts[:n], c, args, [process.pid], level, name, ignore_eos
-            )
+            runs[c] = _drive_level("openai", url, part, c, args, [process.pid], level, name, ignore_eos)
         return runs
     finally:
         launcher.stop(process)
@@ -377,7 +377,7 @@ def _api_for(frontend: str, wanted: str) -> str:
 
 def run_ours(
     model_dir: Path,
-    prompts: list[Prompt],
+    prompts: LevelPrompts,
     args: argparse.Namespace,
     logs: Path,
     dtype: str,
@@ -407,12 +407,12 @@ def run_ours(
         metrics = f"http://127.0.0.1:{ports.metrics}/metrics"
         extra = {"structured_outputs": {"json": BENCH_SCHEMA}} if structured else None
         runs = {}
-        for c, n in args.levels:
+        for c, part in prompts.items():
             before = engine_stats(metrics) if structured else {}
             desc = f"{NAMES[key]} {dtype} ({api}) x{c}"
             leaders = [triton.pid, frontend.pid]
             report, results = _drive_level(
-                api, url, prompts[:n], c, args, leaders, desc, model_dir.name, extra=extra
+                api, url, part, c, args, leaders, desc, model_dir.name, extra=extra
             )
             report.update(_engine_report(metrics, key, before))
             runs[c] = report, results
@@ -538,6 +538,15 @@ def parse_levels(concurrency: str, num_requests: str) -> list[Level]:
     if len(requests) != len(streams):
         raise ValueError(f"--num-requests: one count, or one per --concurrency level ({len(streams)})")
     return list(zip(streams, requests, strict=True))
+
+
+def level_prompts(prompts: list[Prompt], levels: list[Level]) -> LevelPrompts:
+    """Each level's own prompts, consecutive slices of `prompts` in the order of the levels: a
+    level never finds an earlier level's prompts in a server's prefix cache."""
+    by_level, start = {}, 0
+    for c, n in levels:
+        by_level[c], start = prompts[start : start + n], start + n
+    return by_level
 
 
 def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], Path]:
@@ -692,15 +701,16 @@ def run_systems(
 
 
 def _runners(
-    model_dir: Path, prompts: list[Prompt], args: argparse.Namespace, logs: Path
+    model_dir: Path, prompts: LevelPrompts, args: argparse.Namespace, logs: Path
 ) -> dict[str, Callable[[str], LevelRuns]]:
     """Each system's run in a given dtype."""
     from transformers import AutoTokenizer
 
-    repeated = repeating(AutoTokenizer.from_pretrained(model_dir), prompts)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    repeated = {c: repeating(tokenizer, part) for c, part in prompts.items()}
 
     def ours(
-        dtype: str, key: str = "4", use: list[Prompt] = prompts, settings: dict | None = None
+        dtype: str, key: str = "4", use: LevelPrompts = prompts, settings: dict | None = None
     ) -> LevelRuns:
         if dtype == Q4:  # this project reads no GGUF yet: --q4-ours-model in --q4-ours-dtype
             settings = {"TRITONLM_DTYPE": args.q4_ours_dtype, **(settings or {})}
@@ -708,8 +718,8 @@ def _runners(
         return run_ours(model_dir, use, args, logs, dtype, key, settings)
 
     return {
-        "1": lambda dtype: run_generate(model_dir, prompts, args.levels, True, NAMES["1"], dtype),
-        "2": lambda dtype: run_generate(model_dir, prompts, args.levels, False, NAMES["2"], dtype),
+        "1": lambda dtype: run_generate(model_dir, prompts, True, NAMES["1"], dtype),
+        "2": lambda dtype: run_generate(model_dir, prompts, False, NAMES["2"], dtype),
         "3": lambda dtype: run_peer(model_dir, prompts, args, logs, dtype),
         "4": ours,
         "5": lambda dtype: run_vllm(model_dir, prompts, args, logs, dtype),
@@ -721,14 +731,14 @@ def _runners(
 
 
 def summarize_levels(
-    reports: Reports, prompts: list[Prompt], args: argparse.Namespace, config: dict, rates: dict[str, float]
+    reports: Reports, prompts: LevelPrompts, args: argparse.Namespace, config: dict, rates: dict[str, float]
 ) -> dict[int, dict[str, float | None]]:
     """Prints each level's tables, one per dtype; returns the physical limits by level and dtype
     (None for q4_1: no Q4_1 matmul rate is measured)."""
     limits: dict[int, dict[str, float | None]] = {}
-    for c, n in args.levels:
-        flops = sum(forward_flops(config, p.prompt_len, p.output_len) for p in prompts[:n])
-        tokens = sum(p.output_len for p in prompts[:n])
+    for c, part in prompts.items():
+        flops = sum(forward_flops(config, p.prompt_len, p.output_len) for p in part)
+        tokens = sum(p.output_len for p in part)
         limits[c] = {}
         for dtype, by_system in reports[c].items():
             rate = rates.get(dtype)
@@ -756,8 +766,9 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     config = json.loads((model_dir / "config.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    most = max(n for _, n in args.levels)  # seeded: each level's prompts are the first n of these
-    prompts = load.make_prompts(tokenizer, most, args.input_len, args.output_len, seed=args.seed)
+    total = sum(n for _, n in args.levels)  # seeded: the first level's are those of a one-level run
+    every = load.make_prompts(tokenizer, total, args.input_len, args.output_len, seed=args.seed)
+    prompts = level_prompts(every, args.levels)
     args.api_used = None
     load_before, others_before = os.getloadavg(), others_now()
     rates = {dtype: matmul_flops_per_s(dtype) for dtype in dtypes if dtype in TORCH_DTYPES}
@@ -778,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
         f"model {model_dir.name} ({n_params / 1e6:.1f}M parameters)"
     )
     limits = summarize_levels(reports, prompts, args, config, rates)
-    output_tokens = {c: sum(p.output_len for p in prompts[:n]) for c, n in args.levels}
+    output_tokens = {c: sum(p.output_len for p in part) for c, part in prompts.items()}
     print_warnings(reports, output_tokens, skipped, others_before)
 
     out = args.out_dir / f"bench-{stamp}"

@@ -20,6 +20,12 @@ def test_levels_pair_streams_with_request_counts() -> None:
     assert bench.parse_levels("32", "64") == [(32, 64)]  # the old single level
 
 
+def test_each_level_has_prompts_of_its_own() -> None:
+    prompts = [load.Prompt(str(i), 1, 1) for i in range(13)]
+    by_level = bench.level_prompts(prompts, [(32, 8), (4, 4), (1, 1)])
+    assert by_level == {32: prompts[:8], 4: prompts[8:12], 1: prompts[12:13]}  # the first as one level's
+
+
 @pytest.mark.parametrize(
     ("concurrency", "requests", "flag"),
     [("32,1", "64,8,4", "--num-requests"), ("0", "8", "--concurrency"), ("4,x", "8", "--concurrency"),
