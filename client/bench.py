@@ -43,6 +43,7 @@ import asyncio
 import gc
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -297,6 +298,7 @@ def run_llama_cpp(
     port = free_port()
     slots = max(prompts)
     command = llama_cpp.server_command(gguf, port, model_dir.name, slots, args.input_len + args.output_len)
+    command += shlex.split(args.llama_cpp_args)  # later flags win: e.g. -t 1, --poll 0
     return _run_openai_server(command, port, model_dir.name, prompts, args, logs / f"llama-cpp-{dtype}.log",
                               f"{NAMES['9']} {dtype}", ready_timeout=300)  # fmt: skip
 
@@ -574,6 +576,9 @@ def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], P
     parser.add_argument("--out-dir", type=Path, default=ROOT / "bench_results")
     parser.add_argument("--q4-ours-model", type=Path, help=f"what (4) serves in {Q4} (default: --model-dir)")
     parser.add_argument("--q4-ours-dtype", default="bfloat16", help=f"(4)'s TRITONLM_DTYPE in {Q4}")
+    parser.add_argument(
+        "--llama-cpp-args", default="", help="more llama-server flags for (9), e.g. '--poll 0'"
+    )
     args = parser.parse_args(argv)
     dtypes = [d for d in args.dtypes.split(",") if d]
     if not dtypes or set(dtypes) - set(DTYPES):
