@@ -20,7 +20,8 @@ in each dtype asked for.
 9. llama.cpp's server (`llama-server`, built by `make bench` into `.llama-cpp/`), driven by
    client.load (OpenAI API), on a GGUF file (client/llama_cpp.py): the HF directory converted to
    f32 or bf16, or for `q4_1` the default model's original Q4_1 file. In `q4_1` only (4) and (9)
-   run; (4) serves `--q4-ours-model` in `--q4-ours-dtype` (this project does not read GGUF yet).
+   run; (4) serves `--q4-ours-model` (default: the default model's Q4_1 file itself, served directly,
+   its 4-bit weights kept 4-bit) in `--q4-ours-dtype`.
 
 Each server starts once per dtype and serves every level of `--concurrency` in turn (`--num-requests`:
 one count for all levels, or one per level), each level with prompts of its own (no level finds an
@@ -61,8 +62,10 @@ import launcher
 from client import llama_cpp, load
 from client.load import Prompt, Result
 from client.usage import ServerUsage, machine_busy_seconds
+from tritonlm import smollm2
 from tritonlm.contract import ENGINE
 from tritonlm.model_gen.tiny import count_parameters
+from tritonlm.serving import model_set
 from tritonlm.serving.engine_gauges import read_engine_gauges
 
 ROOT = launcher.ROOT
@@ -400,7 +403,8 @@ def run_ours(
     frontend = None
     try:
         launcher.wait_ready(f"http://127.0.0.1:{ports.http}/v2/health/ready", triton, 600, "tritonserver")
-        frontend = launcher.start_frontend(ports, model_dir.name, logs / "frontend.log")
+        name = model_set.model_name(model_dir)  # a GGUF file's stem, as the launcher names it
+        frontend = launcher.start_frontend(ports, name, logs / "frontend.log")
         http = f"http://127.0.0.1:{ports.frontend}"
         launcher.wait_ready(f"{http}/health", frontend, 120, "frontend")
         api = "openai" if structured else _api_for(http, args.api)
@@ -413,9 +417,7 @@ def run_ours(
             before = engine_stats(metrics) if structured else {}
             desc = f"{NAMES[key]} {dtype} ({api}) x{c}"
             leaders = [triton.pid, frontend.pid]
-            report, results = _drive_level(
-                api, url, part, c, args, leaders, desc, model_dir.name, extra=extra
-            )
+            report, results = _drive_level(api, url, part, c, args, leaders, desc, name, extra=extra)
             report.update(_engine_report(metrics, key, before))
             runs[c] = report, results
         return runs
@@ -574,7 +576,9 @@ def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], P
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out-dir", type=Path, default=ROOT / "bench_results")
-    parser.add_argument("--q4-ours-model", type=Path, help=f"what (4) serves in {Q4} (default: --model-dir)")
+    parser.add_argument(
+        "--q4-ours-model", type=Path, help=f"what (4) serves in {Q4} (default: the default model's GGUF file)"
+    )
     parser.add_argument("--q4-ours-dtype", default="bfloat16", help=f"(4)'s TRITONLM_DTYPE in {Q4}")
     parser.add_argument(
         "--llama-cpp-args", default="", help="more llama-server flags for (9), e.g. '--poll 0'"
@@ -588,7 +592,7 @@ def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], P
     except ValueError as exc:
         parser.error(str(exc))
     model_dir = args.model_dir.resolve()
-    args.q4_ours_model = (args.q4_ours_model or model_dir).resolve()
+    args.q4_ours_model = (args.q4_ours_model or smollm2.gguf_file()).resolve()
     if not (model_dir / "config.json").exists():
         if model_dir != BENCH_MODEL_DIR:
             parser.error(f"{model_dir}: no config.json")
@@ -717,7 +721,7 @@ def _runners(
     def ours(
         dtype: str, key: str = "4", use: LevelPrompts = prompts, settings: dict | None = None
     ) -> LevelRuns:
-        if dtype == Q4:  # this project reads no GGUF yet: --q4-ours-model in --q4-ours-dtype
+        if dtype == Q4:  # --q4-ours-model (the GGUF file itself by default) in --q4-ours-dtype
             settings = {"TRITONLM_DTYPE": args.q4_ours_dtype, **(settings or {})}
             return run_ours(args.q4_ours_model, use, args, logs, dtype, key, settings)
         return run_ours(model_dir, use, args, logs, dtype, key, settings)

@@ -171,8 +171,8 @@ def served_models(config: FrontendConfig, model_dir: Path) -> list[ModelSet]:
     """MODEL_DIRS' models; without it, `model_dir` served under the configured name."""
     if config.model_dirs:
         return config.served_models()
-    name = config.served_model_name or model_dir.resolve().name
-    return [ModelSet(name, str(model_dir.resolve()))]
+    name = config.served_model_name or model_set.model_name(model_dir.resolve())
+    return [ModelSet(name, str(gguf_checkpoint.prepare(model_dir)))]
 
 
 def write_repository(repository: Path, models: list[ModelSet], config: FrontendConfig) -> None:
