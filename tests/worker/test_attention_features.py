@@ -96,7 +96,7 @@ def test_greedy_past_the_window_equals_transformers_generate(tmp_path, family, s
     stats = engine.stats()
     assert stats["prefix_cache_hits"] > 0, stats
     # Mistral's every layer has the window: blocks behind it are released and the cache holds all
-    # four (tests/engine/test_window_blocks.py preempts); the others have a global layer.
+    # four (tests/engine/test_window_generate.py preempts); the others have a global layer.
     assert stats["preemptions"] > 0 or runner.kv_window == WINDOW, stats
     assert bool(stats["spec_proposed_tokens"]) == bool(speculative)
 
