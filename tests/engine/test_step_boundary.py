@@ -52,6 +52,7 @@ class ArgmaxWorker:
     def __init__(self, favourite: int):
         self.config = EngineConfig("unused", max_seq_len=64, kv_cache_blocks=32, max_num_seqs=4)
         self.vocab_size, self.device, self.dtype = VOCAB, torch.device("cpu"), torch.float32
+        self.kv_window = None
         self.favourite = favourite
         self.steps: list[StepBatch] = []
 

@@ -83,7 +83,7 @@ def test_greedy_past_the_window_equals_transformers_generate(tmp_path, family, s
     asked = prompts()
     news = [MAX_SEQ_LEN - len(p) for p in asked]
     refs = [generate(model, p, n) for p, n in zip(asked, news, strict=True)]
-    # Chunks of 16 tokens beside decodes, blocks of 4 positions, a cache of two sequences: preemption;
+    # Chunks of 16 tokens beside decodes, blocks of 4 positions, a cache of two whole sequences;
     # with `[ngram]`, decodes that verify proposals (several query rows a sequence).
     runner = fp32_runner(
         path, "auto", max_seq_len=MAX_SEQ_LEN, max_num_seqs=4, max_num_batched_tokens=16, block_size=4,
@@ -94,7 +94,10 @@ def test_greedy_past_the_window_equals_transformers_generate(tmp_path, family, s
     engine, seqs = run_all(runner, requests, stagger=True)
     assert [s.output_ids for s in seqs] == refs
     stats = engine.stats()
-    assert stats["preemptions"] > 0 and stats["prefix_cache_hits"] > 0, stats
+    assert stats["prefix_cache_hits"] > 0, stats
+    # Mistral's every layer has the window: blocks behind it are released and the cache holds all
+    # four (tests/engine/test_window_generate.py preempts); the others have a global layer.
+    assert stats["preemptions"] > 0 or runner.kv_window == WINDOW, stats
     assert bool(stats["spec_proposed_tokens"]) == bool(speculative)
 
 

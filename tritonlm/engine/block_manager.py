@@ -22,6 +22,19 @@ model runner copies the keys/values before the next forward writes anything.
 
 `rollback` gives back the slots of a sequence's last fed tokens (rejected proposals): the blocks
 it no longer needs are released; it never reaches into a block registered in the prefix cache.
+
+Sliding windows (`window`: the widest of the layers' windows when every layer has one, from the
+worker): a query at position p reads keys at positions > p - window in every layer, so a block
+whose positions all lie at or before `seq.num_computed - window` (the first position the sequence
+will still feed, minus the window) is read by no later query. `slide` releases such blocks while
+the sequence runs, so a decoding sequence holds at most ceil(window / block_size) + 1 blocks; its
+table keeps its length (positions still map to entries) with `null_block` in their place: the
+pool's zero block (kv_cache), which the worker's window masks hide. With one layer of full
+attention (`window` None) nothing is released. Queries never go back: a rollback keeps at least
+the position after the one the step started at, and a preempted sequence is recomputed from
+position 0 with fresh blocks. A released block keeps its prefix-cache key (evictable, as after
+`free`): a prefix hit always restores a whole chain of blocks from position 0, whose contents
+depend only on their tokens; `allocate` takes only the hits inside the window of its first query.
 """
 
 from __future__ import annotations
@@ -47,12 +60,22 @@ class BlockStats:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        window: int | None = None,
+    ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need at least one block of at least one token, got {num_blocks}×{block_size}")
+        if window is not None and window < 1:
+            raise ValueError(f"a sliding window covers at least one position, got {window}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.window = window  # no query reads keys this far behind it in any layer (None: some do)
+        self.null_block = num_blocks  # a table's entry for a released block: the pool's zero block
         self.ref_count = [0] * num_blocks
         self.block_key: list[BlockKey | None] = [None] * num_blocks
         self.cached: dict[BlockKey, int] = {}  # key -> block holding that prefix
@@ -85,6 +108,16 @@ class BlockManager:
             needed += 1
         return needed
 
+    def behind_window(self, position: int) -> int:
+        """Leading blocks of a sequence that no query at `position` or later reads in any layer."""
+        if self.window is None:
+            return 0
+        return max(position - self.window + 1, 0) // self.block_size
+
+    def held(self, seq: Sequence) -> int:
+        """Blocks `seq` holds (those released behind the window aside)."""
+        return sum(1 for block in seq.block_table if block != self.null_block)
+
     def can_append(self, seq: Sequence, num_new: int) -> bool:
         return self.blocks_needed(seq, num_new) <= self.num_free
 
@@ -106,20 +139,23 @@ class BlockManager:
 
     def can_allocate(self, seq: Sequence, hits: list[int], num_new: int) -> bool:
         """Whether `seq` can take the cached blocks `hits` plus blocks for `num_new` tokens after them."""
-        taken = sum(1 for b in hits if self.ref_count[b] == 0)  # cached but unused: counted as free now
+        live = hits[self.behind_window(len(hits) * self.block_size) :]
+        taken = sum(1 for b in live if self.ref_count[b] == 0)  # cached but unused: counted as free now
         total = -(-(len(hits) * self.block_size + num_new) // self.block_size)
         return taken + total - len(hits) <= self.num_free
 
     # -- changes -------------------------------------------------------------------------------
     def allocate(self, seq: Sequence, hits: list[int]) -> int:
         """Gives a sequence without blocks the cached blocks `hits` (from `lookup`); returns the
-        number of tokens they hold, which become `seq.num_computed`."""
+        number of tokens they hold, which become `seq.num_computed`. Hits behind the window of its
+        first query are not taken (`null_block` in their place)."""
         assert not seq.block_table, "allocate is for a sequence without blocks"
-        for block in hits:
+        dead = self.behind_window(len(hits) * self.block_size)
+        for block in hits[dead:]:
             if self.ref_count[block] == 0:
                 del self.evictable[block]
             self.ref_count[block] += 1
-        seq.block_table = list(hits)
+        seq.block_table = [self.null_block] * dead + hits[dead:]
         seq.num_computed = len(hits) * self.block_size
         if self.enable_prefix_caching and not seq.needs_prompt_logits:
             self.prefix_queries += seq.num_tokens
@@ -152,6 +188,8 @@ class BlockManager:
             key = self._key(seq, i, seq.block_hashes[i - 1] if i else _root(seq))
             seq.block_hashes.append(hash(key))
             block = seq.block_table[i]
+            if block == self.null_block:  # a hit left behind the window: cached already
+                continue
             if key not in self.cached and self.block_key[block] is None:
                 self.cached[key] = block
                 self.block_key[block] = key
@@ -159,9 +197,22 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Releases all of `seq`'s blocks, last first (so a prefix outlives its continuations)."""
         for block in reversed(seq.block_table):
-            self._release(block)
+            if block != self.null_block:
+                self._release(block)
         seq.block_table = []
         seq.num_computed = 0
+
+    def slide(self, seq: Sequence) -> None:
+        """Releases `seq`'s blocks behind the window of its next query (`seq.num_computed`): their
+        entries become `null_block`. Earlier steps wrote their positions, so those blocks are in the
+        prefix cache already (when it is on), and stay there as evictable."""
+        dead = min(self.behind_window(seq.num_computed), len(seq.block_table))
+        table = seq.block_table
+        i = dead - 1  # released blocks are a prefix of the table: stop at the first one
+        while i >= 0 and table[i] != self.null_block:
+            self._release(table[i])
+            table[i] = self.null_block
+            i -= 1
 
     def rollback(self, seq: Sequence, num_tokens: int) -> None:
         """Settles a step's proposals: drops the slots of `seq`'s last `num_tokens` fed tokens (the
@@ -184,7 +235,8 @@ class BlockManager:
         same point; a write into a shared, partially filled block copies it first."""
         assert not child.block_table, "fork into a sequence without blocks"
         for block in parent.block_table:
-            self.ref_count[block] += 1
+            if block != self.null_block:
+                self.ref_count[block] += 1
         child.block_table = list(parent.block_table)
         child.num_computed = parent.num_computed
         child.block_hashes = list(parent.block_hashes)

@@ -54,7 +54,12 @@ class Engine:
         self.runner = runner
         self.tokenizer = tokenizer  # for text (stop strings, text outputs); None: token ids only
         config = runner.config
-        self.blocks = BlockManager(config.kv_cache_blocks, config.block_size, config.enable_prefix_caching)
+        self.blocks = BlockManager(
+            config.kv_cache_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            window=runner.kv_window,
+        )
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_seqs,

@@ -32,6 +32,10 @@ ranked" and "the newest" reads "the worst ranked"; and, before step 1, the best 
 that finds no running place or too few free blocks for its first chunk preempts worse-ranked
 running sequences, worst first, until it fits.
 
+With sliding windows on every layer (`BlockManager.window`), each step first releases the blocks
+of every running sequence that lie wholly behind the window of its next query (`BlockManager.slide`),
+so the step's allocations and admissions can use them.
+
 The scheduler is not thread-safe: the engine calls it from its loop thread, `add` under its lock.
 """
 
@@ -180,6 +184,8 @@ class Scheduler:
         batch = SchedulerOutput()
         budget = self.max_num_batched_tokens
         bs = self.blocks.block_size
+        for seq in self.running:  # blocks behind every layer's window are read no more
+            self.blocks.slide(seq)
         self._make_room(batch)  # scheduling_policy priority: worse-ranked running sequences give way
         displaced = len(batch.preempted)
 

@@ -20,9 +20,11 @@ class EmbedRows(NamedTuple):
 class StepBatch:
     """Sequence i feeds `token_ids[i]` (`num_new[i]` tokens: prompt, output, then proposals) at
     positions [num_computed[i], num_computed[i] + num_new[i]); its blocks (`block_tables[i]`) are
-    already allocated, and the copy-on-write block pairs `copies` are applied first. The model
-    returns the logits of its last `num_logits[i]` new tokens, and with `prompt_logits[i]` those of
-    all of them. Lists are read, never changed, by the worker."""
+    already allocated, and the copy-on-write block pairs `copies` are applied first. A table entry
+    equal to the cache's block count (`kv_cache_blocks`) is a block released behind every layer's
+    sliding window (`Worker.kv_window`): the pool's zero null block, which only masked positions
+    read. The model returns the logits of its last `num_logits[i]` new tokens, and with
+    `prompt_logits[i]` those of all of them. Lists are read, never changed, by the worker."""
 
     seq_ids: list[int] = field(default_factory=list)  # stable per sequence across steps
     num_computed: list[int] = field(default_factory=list)

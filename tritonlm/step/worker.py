@@ -33,6 +33,10 @@ class Worker(Protocol):
     vocab_size: int
     device: torch.device
     dtype: torch.dtype
+    # The widest sliding window when every attention layer has one: no query reads keys at or
+    # before its position minus this, so the engine releases blocks wholly that far behind
+    # (`BlockManager.slide`). None when some layer attends to the whole sequence: nothing is released.
+    kv_window: int | None
 
     def execute(self, step: StepBatch) -> ModelOutput: ...
 

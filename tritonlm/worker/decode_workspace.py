@@ -11,7 +11,9 @@ given up and the rest are kept dense, so the step's decoding sequences are exact
 
 A row is trusted only up to its sequence's `num_computed`: after rejected proposals were rolled
 back (`BlockManager.rollback`), the positions past it are stale and are written again; a row that
-fell behind its sequence (which went on without it) is dropped and filled again.
+fell behind its sequence (which went on without it) is dropped and filled again. A fill reads zeros
+for blocks released behind a sliding window (their entries name the pool's null block): positions
+the window masks hide.
 """
 
 from __future__ import annotations

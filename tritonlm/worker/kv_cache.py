@@ -1,7 +1,8 @@
 """The paged KV pools: per layer one pool of keys and one of values.
 
 Each pool is `[(num_blocks + 1) * block_size, kv_heads, head_dim]`, indexed by slot
-(`attention.base.slot`); block `num_blocks` is a zero "null" block that pads gathers. Which blocks a
+(`attention.base.slot`); block `num_blocks` is a zero "null" block that pads gathers and stands
+for blocks released behind a sliding window (`step.StepBatch`), never written. Which blocks a
 sequence owns is decided by `tritonlm.engine.block_manager`; how attention reads the pools, by the
 attention backend (`tritonlm.worker.attention.sdpa`).
 """

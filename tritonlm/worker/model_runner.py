@@ -27,7 +27,7 @@ from tritonlm.config import EngineConfig
 from tritonlm.multimodal.encoder import language_model_class
 from tritonlm.step import ModelOutput, StepBatch
 from tritonlm.worker import attention, fused, gguf_weights, model_paths, model_support, step_inputs
-from tritonlm.worker.attention.base import LayerShape
+from tritonlm.worker.attention.base import LayerRule, LayerShape, kv_window
 from tritonlm.worker.model_paths.base import ForwardInputs
 from tritonlm.worker.model_paths.generic import TransformersPath
 
@@ -61,6 +61,10 @@ class ModelRunner:
         shapes = self._probe_shapes()
         needs = model_support.check_probe(checkpoint, self.attention.handed, config.max_seq_len)
         attention.require(backend, needs, self.device)  # what the config did not show
+        # Blocks behind every layer's window may go (the engine's BlockManager.slide): only on a
+        # backend that masks the window, so it never reads them.
+        rules = {layer: LayerRule.of(kw, config.max_seq_len) for layer, kw in self.attention.handed.items()}
+        self.kv_window = kv_window(rules) if "sliding_window" in backend.computes else None
         # The resolved settings: max_seq_len and kv_cache_blocks are now concrete numbers.
         self.config = config.kv_cache_size(
             self.attention.bytes_per_block(shapes), self.platform.name, self.platform.free_memory()

@@ -70,6 +70,16 @@ class LayerRule:
         return {f for f, on in zip(FEATURES, (self.window, self.softcap, self.sinks), strict=True) if on}
 
 
+def kv_window(rules: Mapping[int, LayerRule | None]) -> int | None:
+    """How far behind a query any layer still reads (`step.Worker.kv_window`): the widest window
+    when every layer (`rules`: each layer's rule) has one; None when some layer attends to the whole
+    sequence, whose blocks must then all stay."""
+    windows = [rule.window if rule is not None else None for rule in rules.values()]
+    if not windows or None in windows:
+        return None
+    return max(windows)
+
+
 def slot(block_table: list[int], position: int, block_size: int) -> int:
     """The cache slot of token `position` of a sequence with `block_table`."""
     return block_table[position // block_size] * block_size + position % block_size

@@ -12,7 +12,8 @@ prefix where it lies. Against torch's SDPA per prefill chunk (flash attention fo
 attention of 145-token prompts takes half the time (docs/benchmarks.md).
 
 It computes plain causal attention only (`computes` is empty: no sliding window, soft-capping or
-sinks); a checkpoint that needs one goes to `sdpa` (`attention.choose`).
+sinks); a checkpoint that needs one goes to `sdpa` (`attention.choose`). So the engine never releases
+blocks behind a window for it (the runner's `kv_window` is None): every table entry it reads is real.
 
 Offered only where the kernel is built for this source and torch and the CPU runs AVX-512
 (`cpu_kernels.unavailable`); elsewhere `auto` takes `sdpa` and says why in the log.

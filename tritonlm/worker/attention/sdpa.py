@@ -17,6 +17,9 @@ query length (`fold_gqa`).
 A layer that needs more than causal softmax attention (its `LayerRule`, decided once per layer from
 what the probe saw) reads the same keys/values: a sliding window as masks of its own (still SDPA),
 soft-capping or sinks through `explicit.attention` instead of SDPA. Plain layers take neither.
+When every layer has a window, the engine releases the blocks behind it (`step.Worker.kv_window`):
+their table entries name the pool's zero null block, so the gathers, the prefixes and the decode
+workspace's fills read zeros there, at positions every layer's window mask hides.
 """
 
 from __future__ import annotations
