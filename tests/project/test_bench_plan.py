@@ -41,7 +41,7 @@ def test_arguments_take_q4_1_and_default_ours_to_the_model(tmp_path: Path) -> No
     argv = ["--model-dir", str(tmp_path), "--dtypes", "bfloat16,q4_1", "--concurrency", "32,1"]
     args, dtypes, model_dir = bench._arguments([*argv, "--num-requests", "64,8"])
     assert dtypes == ["bfloat16", "q4_1"] and args.levels == [(32, 64), (1, 8)]
-    assert args.q4_ours_model == model_dir and args.q4_ours_dtype == "bfloat16"
+    assert args.q4_ours_model == smollm2.gguf_file() and args.q4_ours_dtype == "bfloat16"
     with pytest.raises(SystemExit):
         bench._arguments(["--model-dir", str(tmp_path), "--dtypes", "int8"])
 
