@@ -56,7 +56,7 @@ model: setup
 bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed
 	test -f models/bench/config.json || $(PY) -m tritonlm.model_gen.tiny models/bench --size bench
 	$(PY) -m client.bench $(BENCH_ARGS)
-	$(PY) -m client.bench --model-dir models/smollm2-135m-instruct --systems 45 $(BENCH_ARGS)
+	$(PY) -m client.bench --model-dir models/smollm2-135m-instruct --systems 459 $(BENCH_ARGS)
 
 $(VENV)/.bench-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[bench]"

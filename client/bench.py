@@ -15,7 +15,8 @@ in each dtype asked for.
    of the steps that applied it (the engine's `grammar_mask_seconds` / `grammar_step_seconds`);
 7. this project on a repeating version of the prompts (a quarter of each, four times);
 8. the same with speculative decoding by prompt lookup (`speculative_model=[ngram]`), with the
-   acceptance rate from the engine's metrics.
+   acceptance rate from the engine's metrics;
+9. this project with the KV cache in int8 (`kv_cache_dtype=int8`): its speed and peak RSS against (4).
 
 Greedy, every request generates exactly `--output-len` tokens (min_new_tokens for 1-2, ignore_eos for
 4-5; the bench model never emits its end tokens, which covers 3, whose API has no ignore_eos). For 1-2
@@ -65,9 +66,11 @@ NAMES = {
     "6": "(6) tritonlm, json_schema",
     "7": "(7) tritonlm, repeating prompts",
     "8": "(8) tritonlm + prompt lookup, repeating prompts",
+    "9": "(9) tritonlm, kv_cache_dtype int8",
 }
 # (8) runs with speculative decoding by prompt lookup (engine settings), beside (7) without it.
 PROMPT_LOOKUP = {"TRITONLM_SPECULATIVE_MODEL": "[ngram]", "TRITONLM_NUM_SPECULATIVE_TOKENS": "4"}
+KV_INT8 = {"TRITONLM_KV_CACHE_DTYPE": "int8"}  # (9)
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 DTYPES = ("float32", "bfloat16")
 OTHERS_BUSY_CORES = 0.25  # CPU of processes outside the run under test that makes a run suspect
@@ -452,7 +455,7 @@ def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], P
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model-dir", type=Path, default=BENCH_MODEL_DIR)
-    parser.add_argument("--systems", default="245678", help="which of 1-8 to run, e.g. 24")
+    parser.add_argument("--systems", default="2456789", help="which of 1-9 to run, e.g. 24")
     parser.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated, of " + ", ".join(DTYPES))
     parser.add_argument(
         "--api",
@@ -513,6 +516,14 @@ def print_summary(
         speedup = f", {lookup['output_throughput'] / plain['output_throughput']:.2f}x (7)" if plain else ""
         shown = accepted if accepted is None else f"{accepted:.2f}"
         print(f"{dtype}: prompt lookup: acceptance rate {shown}{speedup}")
+    int8, plain = by_system.get("9"), by_system.get("4")
+    if int8 and plain:
+        rss = [r.get("peak_rss_mib") or 0 for r in (plain, int8)]
+        speed = int8["output_throughput"] / plain["output_throughput"]
+        print(
+            f"{dtype}: kv_cache_dtype int8: {speed:.2f}x (4)'s output tok/s, "
+            f"peak RSS {rss[0]:.0f} -> {rss[1]:.0f} MiB"
+        )
 
 
 def others_now(seconds: float = 1.0) -> float:
@@ -608,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         "6": lambda dtype: run_ours(model_dir, prompts, args, logs, dtype, "6"),
         "7": lambda dtype: run_ours(model_dir, repeated, args, logs, dtype, "7"),
         "8": lambda dtype: run_ours(model_dir, repeated, args, logs, dtype, "8", PROMPT_LOOKUP),
+        "9": lambda dtype: run_ours(model_dir, prompts, args, logs, dtype, "9", KV_INT8),
     }
     reports, requests, skipped = run_systems(runners, dtypes, args.systems, logs)
 

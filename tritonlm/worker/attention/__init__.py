@@ -82,7 +82,7 @@ def require(
         computing = next(c.name for c in available if not lacking(c, needs))
         raise ConfigError(
             f"kv_cache_dtype: {kv_cache_dtype!r} cannot serve this checkpoint exactly: its attention needs "
-            f"{'; '.join(missing)}, which no backend reading a {kv_cache_dtype} KV cache computes "
+            f"{'; '.join(missing)}, which no backend reading {kv_cache_dtype} KV caches computes "
             f"({computing!r} does, over kv_cache_dtype: auto)"
         )
     fix = (
