@@ -52,11 +52,11 @@ model: setup
 
 # Throughput, latency and peak memory of static-batch transformers generate, this project and
 # vLLM's CPU server on the ~30M-parameter bench model, then of this project, vLLM and llama.cpp's
-# server on the default model (SmolLM2-135M-Instruct) in fp32, bf16 and Q4_1 (llama.cpp's GGUF; ours
-# serves the HF directory in bf16 there), at 32, 4 and 1 streams, plus the physical limit of each
+# server on the default model (SmolLM2-135M-Instruct) in fp32, bf16 and Q4_1 (both serve the GGUF
+# file; ours in bf16), ours with an int8 KV cache (k), at 32, 4 and 1 streams, plus the physical limit of each
 # dtype; about forty minutes. Results: bench_results/. Not part of `make test`.
 # BENCH_ARGS="--systems 12345" adds one-at-a-time generate and `transformers serve`.
-SMOLLM2_BENCH := --model-dir models/smollm2-135m-instruct --systems 459 --dtypes float32,bfloat16,q4_1 \
+SMOLLM2_BENCH := --model-dir models/smollm2-135m-instruct --systems 459k --dtypes float32,bfloat16,q4_1 \
     --concurrency 32,4,1 --num-requests 64,16,8
 bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed $(LLAMA_CPP)/.built-$(LLAMA_CPP_VERSION)
 	test -f models/bench/config.json || $(PY) -m tritonlm.model_gen.tiny models/bench --size bench

@@ -1,12 +1,13 @@
 """Decode attention of one layer, per backend: the `sdpa` backend's CPU path (the decode workspace
 read in place, grouped-query heads folded, a length mask) against the `cpu_paged` kernel over the
-paged pools, at the bench model's shapes by default (8 heads, 4 key heads, head_dim 64; batch 32,
-contexts 129-192), in both dtypes, one thread and two. Each layer has its own keys and values, as
+paged pools, and the kernel over int8 pools (`kv_cache_dtype` int8, the same values quantized), at
+the bench model's shapes by default (8 heads, 4 key heads, head_dim 64; batch 32, contexts 129-192,
+`--context` 160 ± 32), in both dtypes, one thread and two. Each layer has its own keys and values, as
 in a step, and a call runs `--layers` of them (8, the bench model's: 10.5 MB of fp32 keys and
 values a layer, more than the caches hold); the times are per layer.
 
     python -m client.attention_bench [--batch 32] [--heads 8] [--kv-heads 4] [--dim 64] [--layers 8]
-                                     [--repeat 50]
+                                     [--repeat 50] [--context 160]
 
 Not part of `make test` or `make bench`; docs/performance.md has its numbers on the bench machine.
 """
@@ -56,7 +57,7 @@ def layer(args: argparse.Namespace, dtype: torch.dtype, seed: int) -> dict[str, 
     from tritonlm.worker import cpu_kernels
 
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(129, 193, (args.batch,), generator=gen)
+    lengths = torch.randint(args.context - 31, args.context + 33, (args.batch,), generator=gen)
     longest, blocks_each = int(lengths.max()), -(-int(lengths.max()) // BLOCK)
     blocks = args.batch * blocks_each
     pool_k = torch.randn(blocks * BLOCK, args.kv_heads, args.dim, generator=gen).to(dtype)
@@ -84,19 +85,35 @@ def layer(args: argparse.Namespace, dtype: torch.dtype, seed: int) -> dict[str, 
             out, q_rows, pool_k, pool_v, tables, row_seq, row_len, BLOCK, scale, vectorised
         )
 
-    return {"sdpa": sdpa, "cpu_paged": paged(True), "cpu_paged (plain C++)": paged(False)}
+    from tritonlm.worker.kv_cache import quantize
+
+    keys_int8, values_int8 = quantize(pool_k), quantize(pool_v)  # (int8, scales) each
+
+    def paged_int8() -> object:
+        rows = (tables, row_seq, row_len, BLOCK, scale, True)
+        return ops.paged_attention_int8(out, q_rows, *keys_int8, *values_int8, *rows)
+
+    return {"sdpa": sdpa, "cpu_paged": paged(True), "plain C++": paged(False), "cpu_paged int8": paged_int8}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    defaults = (("batch", 32), ("heads", 8), ("kv-heads", 4), ("dim", 64), ("layers", 8), ("repeat", 50))
+    defaults = (
+        ("batch", 32),
+        ("heads", 8),
+        ("kv-heads", 4),
+        ("dim", 64),
+        ("layers", 8),
+        ("repeat", 50),
+        ("context", 160),
+    )
     for flag, default in defaults:
         parser.add_argument(f"--{flag}", type=int, default=default)
     args = parser.parse_args()
     print(
         f"decode attention, µs a layer (median of {args.repeat} x {args.layers} layers), batch {args.batch}:"
     )
-    names = ("sdpa", "cpu_paged", "plain C++")
+    names = ("sdpa", "cpu_paged", "plain C++", "cpu_paged int8")
     print(f"{'dtype':10} {'threads':>7} " + " ".join(f"{name:>22}" for name in names))
     for dtype in (torch.float32, torch.bfloat16):
         for threads in (1, 2):

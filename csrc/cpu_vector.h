@@ -6,6 +6,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <cstdint>
 #include <type_traits>
 
 #if defined(__x86_64__)
@@ -40,6 +41,9 @@ AVX512 inline __m512 load16(const c10::BFloat16* x) {
 }
 AVX512 inline __m512 load16(const c10::Half* x) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+AVX512 inline __m512 load16(const int8_t* x) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))));
 }
 
 // e^x: 2^n * e^r, |r| <= ln2 / 2, degree-7 Taylor polynomial (relative error ~1e-8, below fp32's

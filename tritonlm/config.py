@@ -160,6 +160,14 @@ class EngineConfig:
         "(a binding sliding window, soft-capping, sinks: `sdpa` only; the log says why not the other)",
         check=one_of(*registry.NAMES),
     )
+    kv_cache_dtype: str = setting(
+        "auto",
+        "what the KV cache stores: `auto`, the model's dtype; `int8`, int8 with an fp32 scale per "
+        "token and KV head (about half the bytes, so about twice the blocks in the same memory; "
+        "accuracy in docs/features.md), read by `cpu_paged` only: `auto` picks it, another "
+        "`attention_backend` is refused, and so is a checkpoint whose attention needs `sdpa`",
+        check=one_of(*registry.KV_CACHE_DTYPES),
+    )
     lora_modules: str = setting(
         "",
         "LoRA adapters served by name, vLLM's form `name=/path/to/peft_adapter,…` (PEFT directories, "

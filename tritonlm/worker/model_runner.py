@@ -44,8 +44,8 @@ class ModelRunner:
         self.platform = platforms.resolve(config.device)
         self.device = self.platform.device
         self.dtype = config.torch_dtype(self.device, getattr(checkpoint, "dtype", None))
-        backend = attention.choose(config.attention_backend, self.device, needs)
-        self.attention = backend(config.block_size, self.dtype, self.device)
+        backend = attention.choose(config.attention_backend, self.device, needs, config.kv_cache_dtype)
+        self.attention = backend(config.block_size, self.dtype, self.device, config.kv_cache_dtype)
         self.model = self._load(config, checkpoint).to(self.device)
         self.model.eval()
         # Before the LoRA hooks go on the projections that replace them.
@@ -60,7 +60,7 @@ class ModelRunner:
 
         shapes = self._probe_shapes()
         needs = model_support.check_probe(checkpoint, self.attention.handed, config.max_seq_len)
-        attention.require(backend, needs, self.device)  # what the config did not show
+        attention.require(backend, needs, self.device, config.kv_cache_dtype)  # what the config did not show
         # Blocks behind every layer's window may go (the engine's BlockManager.slide): only on a
         # backend that masks the window, so it never reads them.
         rules = {layer: LayerRule.of(kw, config.max_seq_len) for layer, kw in self.attention.handed.items()}

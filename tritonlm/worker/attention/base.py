@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from tritonlm.settings import ConfigError
+
 # A layer's keys as the probe saw them: (kv_heads, head_dim, dtype).
 LayerShape = tuple[int, int, torch.dtype]
 _instances = itertools.count()
@@ -118,11 +120,20 @@ class PackedStep:
 class AttentionBackend(ABC):
     name: ClassVar[str]
     computes: ClassVar[frozenset[str]] = frozenset()  # the FEATURES it computes exactly
+    # The `kv_cache_dtype`s whose pools it reads (registry.KV_CACHE_DTYPES; `auto`: the model's dtype).
+    kv_cache_dtypes: ClassVar[frozenset[str]] = frozenset({"auto"})
 
-    def __init__(self, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, block_size: int, dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto"
+    ) -> None:
+        if kv_cache_dtype not in self.kv_cache_dtypes:  # `attention.choose` says so with a remedy
+            raise ConfigError(
+                f"kv_cache_dtype: {kv_cache_dtype!r} is not read by attention_backend {self.name!r}"
+            )
         self.block_size = block_size
         self.dtype = dtype
         self.device = device
+        self.kv_cache_dtype = kv_cache_dtype
         self.metadata: object | None = None  # this step's, set by `step`
         self._probe: dict[int, LayerShape] | None = None
         # What transformers handed each layer's attention in the probe besides q, k, v, mask, scaling

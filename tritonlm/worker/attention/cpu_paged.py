@@ -15,6 +15,10 @@ It computes plain causal attention only (`computes` is empty: no sliding window,
 sinks); a checkpoint that needs one goes to `sdpa` (`attention.choose`). So the engine never releases
 blocks behind a window for it (the runner's `kv_window` is None): every table entry it reads is real.
 
+It alone reads an int8 KV cache (`kv_cache_dtype` int8, `kv_cache`'s scale pools): the step's new
+keys/values are quantized as they are written, and the kernel's int8 op
+(`paged_attention_int8`) applies each row's scale as it reads it.
+
 Offered only where the kernel is built for this source and torch and the CPU runs AVX-512
 (`cpu_kernels.unavailable`); elsewhere `auto` takes `sdpa` and says why in the log.
 """
@@ -46,6 +50,7 @@ class CpuPagedBackend(SdpaBackend):
 
     name = "cpu_paged"
     computes = frozenset()  # the kernel's rule is causal softmax, nothing more
+    kv_cache_dtypes = frozenset({"auto", "int8"})
 
     @classmethod
     def available(cls, device: torch.device) -> bool:
@@ -88,14 +93,19 @@ class CpuPagedBackend(SdpaBackend):
         handed: Mapping[str, object] = NOTHING,
     ) -> torch.Tensor:
         meta: PagedMetadata = self.metadata
-        k_pool, v_pool = self.cache.keys[module.layer_idx], self.cache.values[module.layer_idx]
-        k_pool.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
-        v_pool.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
+        layer, cache = module.layer_idx, self.cache
+        cache.write(layer, meta.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
         q = query[0].transpose(0, 1)  # [tokens, heads, head_dim], a view
         out = torch.empty(q.shape, dtype=query.dtype)
         dim = q.shape[2]
         scale = dim**-0.5 if scaling is None else scaling
-        cpu_kernels.kernels().paged_attention(
-            out, q, k_pool, v_pool, meta.tables, meta.row_seq, meta.row_len, self.block_size, scale, True
-        )
+        rows = (meta.tables, meta.row_seq, meta.row_len, self.block_size, scale, True)
+        if cache.quantized:
+            k, v = (
+                (cache.keys[layer], cache.key_scales[layer]),
+                (cache.values[layer], cache.value_scales[layer]),
+            )
+            cpu_kernels.kernels().paged_attention_int8(out, q, *k, *v, *rows)
+        else:
+            cpu_kernels.kernels().paged_attention(out, q, cache.keys[layer], cache.values[layer], *rows)
         return out[None]  # [1, tokens, heads, head_dim]

@@ -8,3 +8,6 @@ BACKENDS = {
     "sdpa": "tritonlm.worker.attention.sdpa:SdpaBackend",
 }
 NAMES = (AUTO, *BACKENDS)
+# `kv_cache_dtype`: `auto` stores the model's dtype; `int8`, int8 with a scale per token and KV head,
+# which only backends listing it in `AttentionBackend.kv_cache_dtypes` read.
+KV_CACHE_DTYPES = (AUTO, "int8")

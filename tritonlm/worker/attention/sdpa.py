@@ -49,9 +49,11 @@ class SdpaBackend(AttentionBackend):
     name = "sdpa"
     computes = frozenset(FEATURES)
 
-    def __init__(self, block_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__(block_size, dtype, device)
-        self.cache = PagedKVCache(block_size, dtype, device)
+    def __init__(
+        self, block_size: int, dtype: torch.dtype, device: torch.device, kv_cache_dtype: str = "auto"
+    ) -> None:
+        super().__init__(block_size, dtype, device, kv_cache_dtype)
+        self.cache = PagedKVCache(block_size, dtype, device, kv_cache_dtype)
         self.rules: dict[int, LayerRule] = {}  # the layers that are not plain, set by `allocate`
         self.workspace: DecodeWorkspace | None = None  # on CPU, set by `allocate`
         # Decode attention with one query per sequence folds GQA groups into the query length.
