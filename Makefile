@@ -52,11 +52,15 @@ model: setup
 # vLLM's CPU server on the ~30M-parameter bench model, then of this project and vLLM on the default
 # model (SmolLM2-135M-Instruct), in fp32 and bf16, plus the physical limit of each dtype; about
 # twenty minutes. Results: bench_results/. Not part of `make test`. BENCH_ARGS="--systems 12345"
-# adds one-at-a-time generate and `transformers serve`.
+# adds one-at-a-time generate and `transformers serve`. Then `quantization` int8/int4 and the Q4_1
+# GGUF file on SmolLM2: quality against float32 (client/quality.py) and decode steps at 1 and 32 rows.
 bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed
 	test -f models/bench/config.json || $(PY) -m tritonlm.model_gen.tiny models/bench --size bench
 	$(PY) -m client.bench $(BENCH_ARGS)
 	$(PY) -m client.bench --model-dir models/smollm2-135m-instruct --systems 45 $(BENCH_ARGS)
+	$(PY) -m client.quality --model-dir models/smollm2-135m-instruct
+	for rows in 1 32; do $(PY) -m client.step_bench --model-dir models/smollm2-135m-instruct --rounds 3 \
+	    --batch $$rows --variants "" quantization=int8 quantization=int4 || exit 1; done
 
 $(VENV)/.bench-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[bench]"

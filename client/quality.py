@@ -43,16 +43,8 @@ PROMPTS = (
     "List three uses of a paperclip.",
     "How do I reverse a list in Python?",
     "What causes the seasons on Earth?",
-    "Give me a recipe for pancakes.",
-    "Translate 'good morning' into Spanish.",
     "Why is the sky blue?",
-    "Summarize the plot of Romeo and Juliet.",
     "What is 17 times 23?",
-    "Describe a cat to someone who has never seen one.",
-    "What are the benefits of regular exercise?",
-    "Write the opening line of a mystery novel.",
-    "How does a refrigerator keep food cold?",
-    "Name the planets of the solar system.",
 )
 
 

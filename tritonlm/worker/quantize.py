@@ -31,8 +31,9 @@ from tritonlm.worker.linear.int4 import GROUP_SIZES
 
 log = logging.getLogger(__name__)
 
-# Inputs per int4 group: 32 keeps SmolLM2's greedy tokens far closer to the unquantized model's than
-# 128 does, for 3/32 of a byte more per value (docs/features.md's measurements).
+# Inputs per int4 group: 32, not 128 (3/32 of a byte more per value): the mean next-token KL against
+# float32 falls from 5.5 to 4.0 on the tiny random model, from 0.39 to 0.0011 on SmolLM2
+# (docs/features.md, "Quantized weights").
 INT4_GROUP = 32
 
 
