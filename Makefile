@@ -51,10 +51,12 @@ model: setup
 	$(PY) -m tritonlm.model_gen.tiny models/tiny
 
 # Throughput, latency and peak memory of static-batch transformers generate, this project and
-# vLLM's CPU server on the ~30M-parameter bench model, then of this project, vLLM and llama.cpp's
+# vLLM's CPU server on the ~30M-parameter bench model; then of this project, vLLM and llama.cpp's
 # server on the default model (SmolLM2-135M-Instruct) in fp32, bf16 and Q4_1 (both serve the GGUF
-# file; ours in bf16), ours with an int8 KV cache (k), at 32, 4 and 1 streams, plus the physical limit of each
-# dtype; about forty minutes. Results: bench_results/. Not part of `make test`.
+# file; ours in bf16) and ours with an int8 KV cache (k), at 32, 4 and 1 streams, with the physical
+# limit of each dtype; then, on SmolLM2, the quality of `quantization` int8/int4, the Q4_1 file and
+# the int8 KV cache (client/quality.py, client/quant_parity.py) and decode steps at 1 and 32 rows.
+# About fifty minutes. Results: bench_results/. Not part of `make test`.
 # BENCH_ARGS="--systems 12345" adds one-at-a-time generate and `transformers serve`.
 SMOLLM2_BENCH := --model-dir models/smollm2-135m-instruct --systems 459k --dtypes float32,bfloat16,q4_1 \
     --concurrency 32,4,1 --num-requests 64,16,8
@@ -62,6 +64,10 @@ bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed $(LLAMA_CPP)/.buil
 	test -f models/bench/config.json || $(PY) -m tritonlm.model_gen.tiny models/bench --size bench
 	$(PY) -m client.bench $(BENCH_ARGS)
 	$(PY) -m client.bench $(SMOLLM2_BENCH) $(BENCH_ARGS)
+	$(PY) -m client.quality --model-dir models/smollm2-135m-instruct
+	$(PY) -m client.quant_parity --model-dir models/smollm2-135m-instruct --variants kv_cache_dtype=int8
+	for rows in 1 32; do $(PY) -m client.step_bench --model-dir models/smollm2-135m-instruct --rounds 3 \
+	    --batch $$rows --variants "" quantization=int8 quantization=int4 || exit 1; done
 
 $(VENV)/.bench-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[bench]"

@@ -35,6 +35,7 @@ __all__ = ["ConfigError", "EngineConfig"]  # ConfigError: every config's one err
 MAX_SEQ_LEN_CAP = 4096  # the default max_seq_len never exceeds this, whatever the checkpoint allows
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+QUANTIZATIONS = ("none", "int8", "int4")
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -144,6 +145,14 @@ class EngineConfig:
         True,
         "CPU: run the model's layers on our fused, pre-packed operations (faster, results within "
         "rounding); `false`: the checkpoint's modules as loaded",
+    )
+    quantization: str = setting(
+        "none",
+        "CPU: the decoder layers' projection weights quantized at load: `int8` (per output channel, "
+        "activations in `dtype`), `int4` (groups of 32 inputs with a scale and a zero); the embeddings "
+        "and LM head stay dense; fastest with dtype=bfloat16. Not for a GGUF file (its own types are "
+        "served)",
+        check=one_of(*QUANTIZATIONS),
     )
     model_path: str = setting(
         "auto",

@@ -74,7 +74,7 @@ def test_lora_composes_with_every_method(model_dir, monkeypatch, name):
     """LoRA's hooks add to a fused projection computed by any method what a merged weight gives."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     if METHODS[name].holds is not torch.Tensor:
-        pytest.skip(f"{name}: LoRA over quantized weights is tested with them (test_int4.py)")
+        pytest.skip(f"{name}: LoRA over quantized weights: test_quantization.py")
     if METHODS[name].supports(model.lm_head.weight) is not None:
         pytest.skip(f"{name}: {METHODS[name].supports(model.lm_head.weight)}")
     merged = copy.deepcopy(model)

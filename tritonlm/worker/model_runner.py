@@ -26,7 +26,15 @@ from tritonlm import gguf_checkpoint, platforms
 from tritonlm.config import EngineConfig
 from tritonlm.multimodal.encoder import language_model_class
 from tritonlm.step import ModelOutput, StepBatch
-from tritonlm.worker import attention, fused, gguf_weights, model_paths, model_support, step_inputs
+from tritonlm.worker import (
+    attention,
+    fused,
+    gguf_weights,
+    model_paths,
+    model_support,
+    quantize,
+    step_inputs,
+)
 from tritonlm.worker.attention.base import LayerRule, LayerShape, kv_window
 from tritonlm.worker.model_paths.base import ForwardInputs
 from tritonlm.worker.model_paths.generic import TransformersPath
@@ -43,11 +51,13 @@ class ModelRunner:
         needs = model_support.check_config(checkpoint, config.max_seq_len)
         self.platform = platforms.resolve(config.device)
         self.device = self.platform.device
+        quantize.check(config.quantization, config.model_dir, self.platform.name)
         self.dtype = config.torch_dtype(self.device, getattr(checkpoint, "dtype", None))
         backend = attention.choose(config.attention_backend, self.device, needs, config.kv_cache_dtype)
         self.attention = backend(config.block_size, self.dtype, self.device, config.kv_cache_dtype)
         self.model = self._load(config, checkpoint).to(self.device)
         self.model.eval()
+        quantize.quantize(self.model, config.quantization)  # before fusing groups the projections
         # Before the LoRA hooks go on the projections that replace them.
         if config.fuse_projections and fused.fuse(self.model):
             self.attention.on_fused_projections()

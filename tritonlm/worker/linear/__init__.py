@@ -3,7 +3,8 @@
 `METHODS` names them, best first; `choose(name, weight)` gives the first that holds a projection's
 weight. A new method (a quantized format, a GPU kernel) is one module and one line here.
 
-A weight is a dense tensor or a quantized form (`int4.Int4Weight`: GGUF's 4-bit types). A quantized
+A weight is a dense tensor or a quantized form (`int4.Int4Weight`: GGUF's 4-bit types and
+`quantization: int4`; `int8.Int8Weight`: `quantization: int8`). A quantized
 weight that no method holds here (a shape its kernel does not take, another device) is dequantized
 to a dense one, with a warning naming the projection: slower and larger, never wrong.
 """
@@ -17,16 +18,19 @@ import torch
 from tritonlm.worker.linear.base import LinearMethod, Projection
 from tritonlm.worker.linear.dense import DenseTorch
 from tritonlm.worker.linear.int4 import Int4Packed, Int4Weight
+from tritonlm.worker.linear.int8 import Int8Packed, Int8Weight
 from tritonlm.worker.linear.onednn import OneDnnPacked
 
 log = logging.getLogger(__name__)
 
 # name -> method, best first (`torch` holds any dense weight, so it comes last).
-METHODS: dict[str, type[LinearMethod]] = {m.name: m for m in (Int4Packed, OneDnnPacked, DenseTorch)}
+METHODS: dict[str, type[LinearMethod]] = {
+    m.name: m for m in (Int4Packed, Int8Packed, OneDnnPacked, DenseTorch)
+}
 
-Weight = torch.Tensor | Int4Weight
+Weight = torch.Tensor | Int4Weight | Int8Weight
 
-__all__ = ["METHODS", "Int4Weight", "LinearMethod", "Projection", "Weight", "choose", "prepare"]
+__all__ = ["METHODS", "Int4Weight", "Int8Weight", "LinearMethod", "Projection", "Weight", "choose", "prepare"]
 
 
 def choose(name: str, weight: Weight) -> type[LinearMethod] | None:

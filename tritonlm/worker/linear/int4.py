@@ -44,6 +44,29 @@ class Int4Weight:
         return self.q.device
 
     @classmethod
+    def quantize(cls, weight: torch.Tensor, group: int) -> Int4Weight:
+        """`weight` `[out, in]` rounded to 16 levels per group of `group` inputs, spanning each
+        group's minimum to its maximum (asymmetric: a group's values need not straddle zero), for
+        `quantization: int4`. Each value is off by at most half a level (`scale / 2`)."""
+        out_features, in_features = weight.shape
+        if in_features % group:
+            raise ValueError(f"{in_features} inputs are not a whole number of groups of {group}")
+        groups = weight.detach().float().reshape(out_features, in_features // group, group)
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+        scales = (high - low) / 15
+        scales = torch.where(scales > 0, scales, torch.ones_like(scales))  # a constant group: any scale
+        q = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
+        # q = 0 gives the minimum: (0 - 8) * scale + zero = low.
+        zeros = low + 8 * scales
+        return cls(q.to(torch.uint8).reshape(out_features, in_features), scales, zeros, group, weight.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes as the int4 method keeps it: half a byte per value (packed), a scale and a zero
+        per group in the activations' dtype."""
+        return self.q.numel() // 2 + 2 * self.scales.numel() * self.dtype.itemsize
+
+    @classmethod
     def cat(cls, weights: list[Int4Weight]) -> Int4Weight:
         """The weights stacked along their outputs (a fused q/k/v or gate/up)."""
         groups = {w.group for w in weights}
