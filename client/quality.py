@@ -147,7 +147,7 @@ def quantized(model_dir: Path, quantization: str, dtype: torch.dtype, group: int
 def gguf_pair(file: Path, dtype: torch.dtype) -> tuple[nn.Module, nn.Module, int]:
     """transformers' float32 load of GGUF `file` (dequantized), the engine's (its 4-bit types kept,
     in `dtype`) and the latter's weights' bytes."""
-    from tritonlm.gguf import weights as gguf_weights
+    from tritonlm.worker import gguf_weights
 
     reference_model = AutoModelForCausalLM.from_pretrained(
         file.parent, gguf_file=file.name, dtype=torch.float32

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tritonlm.gguf import checkpoint as gguf_checkpoint
+from tritonlm import gguf_checkpoint
 from tritonlm.layer_names import layer_module
 from tritonlm.settings import ConfigError
 from tritonlm.worker import linear
