@@ -61,9 +61,3 @@ def test_greedy_equals_transformers_on_the_same_file(two, gguf_files):
     with ThreadPoolExecutor(len(prompts)) as pool:  # concurrent: one batch in the engine
         got = list(pool.map(lambda p: served(servers.frontend_url, name, p), prompts))
     assert got == [expected(gguf_files[name], p) for p in prompts]
-
-
-def test_the_files_are_listed_by_name(two):
-    servers, _ = two
-    models = httpx.get(f"{servers.frontend_url}/v1/models", headers=USER).json()["data"]
-    assert "tiny-gguf" in {m["id"] for m in models}

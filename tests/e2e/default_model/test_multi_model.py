@@ -50,11 +50,11 @@ def greedy(model_dir: Path, prompt: str) -> str:
     return tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def test_both_models_are_listed(two) -> None:
+def test_both_models_are_listed(two, gguf_files) -> None:
     servers, dirs = two
     ids = [m["id"] for m in httpx.get(f"{servers.frontend_url}/v1/models", headers=USER).json()["data"]]
-    assert ids[:2] == list(dirs)  # MODEL_DIRS' order, the default first
-    assert len(ids) == 3  # and the embedding model
+    assert ids[:-1] == [*dirs, *gguf_files]  # MODEL_DIRS' order, the default first (a GGUF file by name)
+    assert len(ids) == len(dirs) + len(gguf_files) + 1  # and the embedding model
 
 
 def test_interleaved_requests_equal_each_model_alone(two) -> None:

@@ -26,6 +26,22 @@ class Projection(ABC):
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
+class RowsProjection(Projection):
+    """A projection whose kernel takes a 2-D batch of rows (`multiply`): the leading dimensions
+    flattened, the bias added after."""
+
+    bias: torch.Tensor | None = None
+
+    @abstractmethod
+    def multiply(self, rows: torch.Tensor) -> torch.Tensor: ...
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.multiply(x.reshape(-1, x.shape[-1]))
+        if self.bias is not None:
+            out += self.bias
+        return out.view(*x.shape[:-1], self.out_features)
+
+
 class LinearMethod(ABC):
     name: str = ""
     holds: type = torch.Tensor  # the weight's form it takes: a dense tensor, or a quantized weight

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tritonlm.worker.linear.base import LinearMethod, Projection
+from tritonlm.worker.linear.base import LinearMethod, Projection, RowsProjection
 
 GROUP_SIZES = (32, 64, 128, 256)  # what the kernel takes
 
@@ -91,7 +91,7 @@ class Int4Weight:
         return ((self.q.float() - 8) * scales + zeros).to(self.dtype)
 
 
-class Int4Projection(Projection):
+class Int4Projection(RowsProjection):
     method = "int4"
 
     def __init__(self, weight: Int4Weight, bias: torch.Tensor | None) -> None:
@@ -102,12 +102,10 @@ class Int4Projection(Projection):
         self.scales_and_zeros = self.scales_and_zeros.contiguous().to(weight.dtype)
         self.group, self.bias = weight.group, bias
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, self.scales_and_zeros)
-        if self.bias is not None:
-            out += self.bias
-        return out.view(*x.shape[:-1], self.out_features)
+    def multiply(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows, self.packed, self.group, self.scales_and_zeros
+        )
 
 
 class Int4Packed(LinearMethod):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tritonlm.worker.linear.base import LinearMethod, Projection
+from tritonlm.worker.linear.base import LinearMethod, Projection, RowsProjection
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel multiplies
 
@@ -64,7 +64,7 @@ class Int8Weight:
         return (self.q.float() * self.scales[:, None]).to(self.dtype)
 
 
-class Int8Projection(Projection):
+class Int8Projection(RowsProjection):
     method = "int8"
 
     def __init__(self, weight: Int8Weight, bias: torch.Tensor | None) -> None:
@@ -73,12 +73,8 @@ class Int8Projection(Projection):
         self.scales = weight.scales.to(weight.dtype)  # the kernel's: in the activations' dtype
         self.bias = bias
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        out = torch.ops.aten._weight_int8pack_mm(rows, self.q, self.scales)
-        if self.bias is not None:
-            out += self.bias
-        return out.view(*x.shape[:-1], self.out_features)
+    def multiply(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(rows, self.q, self.scales)
 
 
 class Int8Packed(LinearMethod):
