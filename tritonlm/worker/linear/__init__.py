@@ -15,7 +15,7 @@ import logging
 
 import torch
 
-from tritonlm.worker.linear.base import LinearMethod, Projection
+from tritonlm.worker.linear.base import LinearMethod, Projection, QuantizedWeight
 from tritonlm.worker.linear.dense import DenseTorch
 from tritonlm.worker.linear.int4 import Int4Packed, Int4Weight
 from tritonlm.worker.linear.int8 import Int8Packed, Int8Weight
@@ -28,9 +28,19 @@ METHODS: dict[str, type[LinearMethod]] = {
     m.name: m for m in (Int4Packed, Int8Packed, OneDnnPacked, DenseTorch)
 }
 
-Weight = torch.Tensor | Int4Weight | Int8Weight
+Weight = torch.Tensor | QuantizedWeight
 
-__all__ = ["METHODS", "Int4Weight", "Int8Weight", "LinearMethod", "Projection", "Weight", "choose", "prepare"]
+__all__ = [
+    "METHODS",
+    "Int4Weight",
+    "Int8Weight",
+    "LinearMethod",
+    "Projection",
+    "QuantizedWeight",
+    "Weight",
+    "choose",
+    "prepare",
+]
 
 
 def choose(name: str, weight: Weight) -> type[LinearMethod] | None:

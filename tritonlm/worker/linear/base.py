@@ -14,6 +14,27 @@ from abc import ABC, abstractmethod
 import torch
 
 
+class QuantizedWeight:
+    """What every quantized weight form (`int4.Int4Weight`, `int8.Int8Weight`) has: its integers `q`
+    laid out `[out, in]` (so `shape` and `device` are theirs), the activations' `dtype` it
+    multiplies (the model's, as a dense weight's own dtype is), and the dense weight it stands for."""
+
+    q: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    def dequantize(self) -> torch.Tensor:
+        """The dense weight, in `dtype` (tests, and projections no kernel takes)."""
+        raise NotImplementedError
+
+
 class Projection(ABC):
     """`x [..., in] -> [..., out]` for a fixed weight, in the form its method keeps it."""
 

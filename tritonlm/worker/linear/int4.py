@@ -9,22 +9,26 @@ numbers per group of 32 (in the activations' dtype), a quarter of bf16's.
 
 Speed on this project's CPUs (AVX-512): in bf16 the kernel beats oneDNN's packed bf16 at one row
 (30 µs against 38 for SmolLM2's 576→1536) and takes twice as long at 32 rows. In fp32 it runs a
-reference loop, 25-80x slower: the runner warns when a model with int4 weights runs in fp32.
+reference loop, 25-80x slower: preparing an int4 projection for float32 activations warns (once).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
 
 import torch
 
-from tritonlm.worker.linear.base import LinearMethod, Projection, RowsProjection
+from tritonlm.worker.linear.base import LinearMethod, Projection, QuantizedWeight, RowsProjection
+
+log = logging.getLogger(__name__)
 
 GROUP_SIZES = (32, 64, 128, 256)  # what the kernel takes
 
 
 @dataclass
-class Int4Weight:
+class Int4Weight(QuantizedWeight):
     """A weight `[out, in]` as `q` (uint8 holding 0..15) with per-group `scales` and `zeros`
     (`[out, in // group]`, float32): `value = (q - 8) * scale + zero`. `dtype`: the activations'
     dtype it multiplies (the model's), as a dense weight's own dtype is."""
@@ -34,14 +38,6 @@ class Int4Weight:
     zeros: torch.Tensor
     group: int
     dtype: torch.dtype = torch.float32
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.q.shape
-
-    @property
-    def device(self) -> torch.device:
-        return self.q.device
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, group: int) -> Int4Weight:
@@ -125,4 +121,14 @@ class Int4Packed(LinearMethod):
 
     @classmethod
     def prepare(cls, weight: Int4Weight, bias: torch.Tensor | None) -> Projection:
+        if weight.dtype == torch.float32:
+            _warn_float32()
         return Int4Projection(weight, bias)
+
+
+@functools.cache
+def _warn_float32() -> None:
+    """Once per process: whichever way the int4 weights came (a GGUF file, `quantization: int4`)."""
+    log.warning(
+        "int4 weights multiply 25-80x faster with dtype=bfloat16 (torch's kernel has no fast float32 loop)"
+    )

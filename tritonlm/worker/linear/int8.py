@@ -16,27 +16,19 @@ from dataclasses import dataclass
 
 import torch
 
-from tritonlm.worker.linear.base import LinearMethod, Projection, RowsProjection
+from tritonlm.worker.linear.base import LinearMethod, Projection, QuantizedWeight, RowsProjection
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what the kernel multiplies
 
 
 @dataclass
-class Int8Weight:
+class Int8Weight(QuantizedWeight):
     """A weight `[out, in]` as `q` (int8, -127..127) and per-output-row `scales` (`[out]`, float32):
     `value = q * scale`. `dtype`: the activations' dtype it multiplies (the model's)."""
 
     q: torch.Tensor
     scales: torch.Tensor
     dtype: torch.dtype = torch.float32
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.q.shape
-
-    @property
-    def device(self) -> torch.device:
-        return self.q.device
 
     @property
     def nbytes(self) -> int:
