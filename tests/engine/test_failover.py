@@ -144,13 +144,13 @@ def test_draws_are_keyed_by_seed_and_position_and_follow_the_distribution():
     assert len({tuple(row[:8].tolist()) for row in noise}) == 3  # each (key, position) its own
     probs = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
     keys = list(range(20000))
-    drawn = draw_rows(probs.repeat(len(keys), 1), keys, [5] * len(keys))
+    drawn = draw_rows(probs.repeat(len(keys), 1), keys, [5] * len(keys)).tolist()
     freq = np.bincount(drawn, minlength=6) / len(drawn)
     np.testing.assert_allclose(freq, probs.numpy(), atol=0.015)
     assert freq[1] == freq[5] == 0  # never a token the filters removed
     # Rows are independent of their batch, the scale of a row does not matter, and float noise in
     # the probabilities (another batch shape's logits) does not move the draw.
-    assert draw_rows(probs.repeat(3, 1) * 7, keys[:3], [5] * 3) == drawn[:3]
+    assert draw_rows(probs.repeat(3, 1) * 7, keys[:3], [5] * 3).tolist() == drawn[:3]
     # The extremes of the 24 random bits: E stays finite and positive, so a zero-probability
     # token (a grammar-masked one) never wins, even on the entry whose uniform is the largest.
     extremes = exponential_of(torch.tensor([0, 2**24 - 1]))
@@ -160,7 +160,7 @@ def test_draws_are_keyed_by_seed_and_position_and_follow_the_distribution():
     assert int((only_3 / noise).argmax()) == 3
     flat = torch.rand(64, 32000, generator=torch.Generator().manual_seed(0)).softmax(dim=-1)
     jitter = flat * (1 + 1e-6 * torch.randn(flat.shape, generator=torch.Generator().manual_seed(1)))
-    assert draw_rows(flat, range(64), [3] * 64) == draw_rows(jitter, range(64), [3] * 64)
+    assert torch.equal(draw_rows(flat, range(64), [3] * 64), draw_rows(jitter, range(64), [3] * 64))
 
 
 # -- the router, over fake engine replicas --------------------------------------------------------

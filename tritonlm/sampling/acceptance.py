@@ -41,7 +41,7 @@ def verify(
     for j, proposal in enumerate(proposals):
         s = inputs[j]
         if draft_probs is None:
-            token = choose(rows[j : j + 1], [s])[0]
+            token = int(choose(rows[j : j + 1], [s])[0])
             if token != proposal:
                 return [*out, token]
         else:
@@ -54,7 +54,7 @@ def verify(
                 token = int(residual.argmax()) if s.params.greedy else draw(residual, s)
                 return [*out, token]
         out.append(proposal)
-    return [*out, choose(rows[-1:], [inputs[-1]])[0]]
+    return [*out, int(choose(rows[-1:], [inputs[-1]])[0])]
 
 
 def _accepted(p: torch.Tensor, q: torch.Tensor, s: SamplerInput, threshold: float | None) -> bool:

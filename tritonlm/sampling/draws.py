@@ -81,8 +81,8 @@ def exponential_of(bits24: torch.Tensor) -> torch.Tensor:
     return uniform.log_().neg_()
 
 
-def draw_rows(probs: torch.Tensor, keys: Sequence[int], positions: Sequence[int]) -> list[int]:
-    """One token per row of `probs` [rows, vocab] (non-negative, any scale): the race's winner. A
-    zero-probability token never wins."""
+def draw_rows(probs: torch.Tensor, keys: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
+    """One token per row of `probs` [rows, vocab] (non-negative, any scale): the race's winner, on
+    the device (int64 [rows]). A zero-probability token never wins."""
     noise = exponentials(keys, positions, probs.shape[-1], probs.device)
-    return (probs / noise).argmax(dim=-1).tolist()
+    return (probs / noise).argmax(dim=-1)

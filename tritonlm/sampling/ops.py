@@ -28,9 +28,10 @@ def apply_temperature(logits: torch.Tensor, params: list[SamplingParams]) -> tor
 def filter_logits(logits: torch.Tensor, batch: list[SamplerInput]) -> torch.Tensor:
     """Top-k, top-p and typical-p over the rows that sample; masked entries become -inf."""
     device = logits.device
-    top_k = torch.tensor([s.params.top_k for s in batch], device=device)
-    top_p = torch.tensor([s.params.top_p or 1.0 for s in batch], device=device)
-    if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
+    # Decided on the host: a test of the device tensors would be a device→host read.
+    if any(s.params.top_k > 0 or (s.params.top_p or 1.0) < 1.0 for s in batch):
+        top_k = torch.tensor([s.params.top_k for s in batch], device=device)
+        top_p = torch.tensor([s.params.top_p or 1.0 for s in batch], device=device)
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         rank = torch.arange(logits.shape[1], device=device)[None, :]
         remove = (top_k[:, None] > 0) & (rank >= top_k[:, None])
@@ -54,20 +55,23 @@ def filter_logits(logits: torch.Tensor, batch: list[SamplerInput]) -> torch.Tens
 
 def draw(probs: torch.Tensor, s: SamplerInput) -> int:
     """One token from `probs` [vocab] (any scale) with the row's own draw at its position."""
-    return draw_rows(probs[None], [s.random_key or 0], [s.position])[0]
+    return int(draw_rows(probs[None], [s.random_key or 0], [s.position])[0])
 
 
-def choose(logits: torch.Tensor, batch: list[SamplerInput]) -> list[int]:
-    """One token per processed row: greedy argmax, or a draw after top-k/top-p/typical-p, each
-    row's race from its request's key and its position (draws.py), all rows at once."""
-    tokens = logits.argmax(dim=-1).tolist()
+def choose(logits: torch.Tensor, batch: list[SamplerInput]) -> torch.Tensor:
+    """One token per processed row, on the device (int64 [rows]): greedy argmax, or a draw after
+    top-k/top-p/typical-p, each row's race from its request's key and its position (draws.py), all
+    rows at once."""
+    tokens = logits.argmax(dim=-1)
     sampling = [i for i, s in enumerate(batch) if not s.params.greedy]
     if sampling:
         probs = filter_logits(logits[sampling], [batch[i] for i in sampling]).softmax(dim=-1)
         keys = [batch[i].random_key or 0 for i in sampling]
         positions = [batch[i].position for i in sampling]
-        for i, token in zip(sampling, draw_rows(probs, keys, positions), strict=True):
-            tokens[i] = token
+        drawn = draw_rows(probs, keys, positions)
+        if len(sampling) == len(batch):
+            return drawn
+        tokens[torch.tensor(sampling, device=tokens.device)] = drawn
     return tokens
 
 

@@ -98,23 +98,58 @@ class Sampler:
         singles = [firsts[k] for k, seq in enumerate(metadata.seqs) if not seq.proposals]
         # Every row is a single draw in a plain decode step: no gather (a pass over the vocabulary).
         rows = processed if len(singles) == len(processed) else processed[singles]
-        drawn = dict(zip(singles, choose(rows, [inputs[r] for r in singles]), strict=True))
+        single_inputs = [inputs[r] for r in singles]
+        singles_log_probs = log_probs
+        if log_probs is not None and len(singles) != len(log_probs):
+            singles_log_probs = log_probs[singles]
+        drawn = read_back(choose(rows, single_inputs), singles_log_probs, single_inputs)
+        by_first = dict(zip(singles, drawn, strict=True))
         made: dict[int, SampledTokens] = {}
         for seq, first in zip(metadata.seqs, firsts, strict=False):
             if not seq.proposals:
-                tokens = [drawn[first]]
+                sampled = by_first[first]
+                if seq.params.return_generation_logits:
+                    sampled.generation_logits = [raw[first].float().cpu()]
             else:
                 rows = processed[first : first + len(seq.inputs)]
-                tokens = verify(rows, seq.inputs, seq.proposals, seq.draft_probs, seq.threshold)
-            sampled = SampledTokens(tokens, len(seq.proposals))
-            made[seq.index] = _with_extras(sampled, seq, first, raw, log_probs)
+                verified = verify(rows, seq.inputs, seq.proposals, seq.draft_probs, seq.threshold)
+                sampled = SampledTokens(verified, len(seq.proposals))
+                sampled = _with_extras(sampled, seq, first, raw, log_probs)
+            made[seq.index] = sampled
         return made
+
+
+def read_back(
+    tokens: torch.Tensor, log_probs: torch.Tensor | None, inputs: list[SamplerInput]
+) -> list[SampledTokens]:
+    """The single-row draws `tokens` [rows] with, where asked, their log probs and best alternatives
+    under `log_probs` [rows, vocab]: on the host in one copy (a read of the device is a
+    synchronisation on an accelerator; one a step, however many sequences ask for log probs)."""
+    asks = [s.params.return_log_probs for s in inputs]
+    if log_probs is None or not any(asks):
+        return [SampledTokens([token]) for token in tokens.tolist()]
+    # One float64 matrix, exact for token ids: [token, its log prob, k alternatives' ids, values].
+    k = max(s.params.num_top_log_probs for s in inputs)
+    columns = [tokens.to(torch.float64)[:, None], log_probs.gather(1, tokens[:, None]).to(torch.float64)]
+    if k:
+        values, ids = log_probs.topk(k, dim=-1)
+        columns += [ids.to(torch.float64), values.to(torch.float64)]
+    made = []
+    for row, s, asked in zip(torch.cat(columns, dim=1).tolist(), inputs, asks, strict=True):
+        sampled = SampledTokens([int(row[0])])
+        if asked:
+            sampled.log_probs = [row[1]]
+            if n := s.params.num_top_log_probs:
+                sampled.top_ids = [[int(i) for i in row[2 : 2 + n]]]
+                sampled.top_log_probs = [row[2 + k : 2 + k + n]]
+        made.append(sampled)
+    return made
 
 
 def _with_extras(
     sampled: SampledTokens, seq: SeqRows, first: int, raw: torch.Tensor, log_probs: torch.Tensor | None
 ) -> SampledTokens:
-    """Adds the log probs, alternatives and raw rows the sequence asked for."""
+    """Adds the log probs, alternatives and raw rows a sequence that verified proposals asked for."""
     params, n = seq.params, len(sampled.tokens)
     if params.return_generation_logits:
         sampled.generation_logits = [raw[first + j].float().cpu() for j in range(n)]
