@@ -103,7 +103,9 @@ def _register_fakes() -> None:
     if _FAKES_REGISTERED:
         return
     for name in _IN_PLACE_KERNELS:
-        torch.library.register_fake(f"tritonlm_cpu::{name}")(lambda *args: None)
+        qualname = f"tritonlm_cpu::{name}"
+        if torch._library.simple_registry.singleton.find(qualname).fake_impl.kernel is None:
+            torch.library.register_fake(qualname)(lambda *args: None)
     _FAKES_REGISTERED = True
 
 
