@@ -5,7 +5,10 @@ bucket of the smallest batch size that holds it (`buckets`: powers of two up to 
 and `max_num_seqs`). Each bucket has fixed shapes: its rows of static buffers (ids, positions, KV
 slots, block tables of a fixed width, the attention's row lengths), filled in place each step, and
 the model path's forward over them made one call at start-up by the platform
-(`Platform.one_call`: the CPU compiles it with Inductor, CUDA captures a CUDA graph).
+(`Platform.one_call`: the CPU compiles it with Inductor, CUDA captures a CUDA graph). On CUDA no
+backend fills its metadata in place yet (its one, `sdpa`, builds masks per step), so `build` says
+why not there; the capture itself is written and tested where a GPU is (tests/worker/
+test_decode_graph.py).
 
 Padded rows (the bucket's rows beyond the step's) feed token 0 at position 0, write their keys and
 values to the KV cache's null slot and read only the null block; real rows never read the null
@@ -66,11 +69,13 @@ class _Opaque(Projection):
 
 
 def _opaque(value: object) -> object:
-    """`value` with every projection in it (in lists and dataclasses) made `_Opaque`."""
+    """`value` with every projection in it (in lists, tuples, dicts and dataclasses) made `_Opaque`."""
     if isinstance(value, Projection):
         return _Opaque(value)
-    if isinstance(value, list):
-        return [_opaque(v) for v in value]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_opaque(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _opaque(v) for k, v in value.items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = {f.name: _opaque(getattr(value, f.name)) for f in dataclasses.fields(value)}
         return dataclasses.replace(value, **changes)
