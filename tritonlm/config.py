@@ -154,6 +154,13 @@ class EngineConfig:
         "served)",
         check=one_of(*QUANTIZATIONS),
     )
+    decode_graphs: bool = setting(
+        False,
+        "a step whose every sequence decodes one token runs as one call per batch-size bucket "
+        "(powers of two up to max_num_seqs) over inputs filled in place: on CPU compiled by torch "
+        "Inductor at start-up (about a minute per bucket on a small CPU), on CUDA captured as CUDA "
+        "graphs; needs the model's fast path (model_path) and attention_backend cpu_paged",
+    )
     model_path: str = setting(
         "auto",
         "what runs the model's forward step: `transformers`, the checkpoint's own modules (every "

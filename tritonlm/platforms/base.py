@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -52,6 +53,12 @@ class Platform(ABC):
     def synchronize(self) -> None:
         """Waits for the device's queued work (timings, tests); nothing is queued by default."""
         return None
+
+    def one_call(self, step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        """`step` (a decode step over static inputs, `worker/decode_graph.py`) made one call now,
+        at start-up: the call runs what `step` runs on whatever its inputs then hold. By default it
+        is `step` itself."""
+        return step
 
     def describe(self) -> str:
         return str(self.device)

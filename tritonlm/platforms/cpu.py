@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+import types
+from collections.abc import Callable
+
 import torch
 
 from tritonlm.platforms import KV_MEMORY_FRACTION
 from tritonlm.platforms.base import Platform
+
+# Inductor's options for `one_call` (docs/benchmarks.md: the C++ wrapper, measured).
+ONE_CALL_OPTIONS: dict[str, object] = {"cpp_wrapper": True}
+_one_calls = itertools.count()
 
 
 def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
@@ -56,3 +64,15 @@ class CpuPlatform(Platform):
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
+
+    def one_call(self, step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        """`step` compiled by Inductor (C++ kernels for what lies between our ops), whole
+        (`fullgraph`: a graph break is an error, not a silent Python fallback), for its shapes."""
+        # A code object of its own: dynamo keeps its compiled graphs per code object, and each
+        # bucket's step would otherwise be one more recompile of the same code (and its guards
+        # checked on every call).
+        code = step.__code__.replace(co_name=f"{step.__code__.co_name}_{next(_one_calls)}")
+        fresh = types.FunctionType(code, step.__globals__, code.co_name, step.__defaults__, step.__closure__)
+        compiled = torch.compile(fresh, fullgraph=True, dynamic=False, options=ONE_CALL_OPTIONS)
+        compiled()  # compiled now, not in the first step that needs it
+        return compiled

@@ -3,10 +3,14 @@ blocking the host."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from tritonlm.platforms import KV_MEMORY_FRACTION
 from tritonlm.platforms.base import Platform
+
+CAPTURE_WARMUPS = 2  # runs before a capture (allocator, cuBLAS handles, lazy modules)
 
 
 class CudaPlatform(Platform):
@@ -34,6 +38,26 @@ class CudaPlatform(Platform):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+
+    def one_call(self, step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
+        """`step` captured as a CUDA graph (run first on a side stream, as capture requires: its
+        lazy initialisations done); the call replays it and returns the graph's output buffer,
+        rewritten by the next replay."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(CAPTURE_WARMUPS):
+                step()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return out
+
+        return replay
 
     def describe(self) -> str:
         return f"{self.device} ({torch.cuda.get_device_name(self.device)})"

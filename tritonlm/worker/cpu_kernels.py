@@ -90,12 +90,18 @@ def _load() -> tuple[object | None, str]:
     return torch.ops.tritonlm_cpu, ""
 
 
+_OPS: object | None = None  # the loaded ops, a plain global: torch.compile reads it as a constant
+
+
 def kernels() -> object:
     """The kernels' ops (`paged_attention`, `rms_norm`, `silu_and_mul`, `add_rms_norm`, `rotary`,
     `has_vector_path`); call only when `unavailable()` is None."""
-    ops, why = _load()
-    assert ops is not None, why
-    return ops
+    global _OPS
+    if _OPS is None:
+        ops, why = _load()
+        assert ops is not None, why
+        _OPS = ops
+    return _OPS
 
 
 def unavailable() -> str | None:

@@ -25,6 +25,7 @@ from transformers import AutoConfig, PretrainedConfig
 from tritonlm import gguf_checkpoint, platforms
 from tritonlm.config import EngineConfig
 from tritonlm.multimodal.encoder import language_model_class
+from tritonlm.settings import ConfigError
 from tritonlm.step import ModelOutput, StepBatch
 from tritonlm.worker import (
     attention,
@@ -36,6 +37,7 @@ from tritonlm.worker import (
     step_inputs,
 )
 from tritonlm.worker.attention.base import LayerRule, LayerShape, kv_window
+from tritonlm.worker.decode_graph import DecodeGraphs
 from tritonlm.worker.model_paths.base import ForwardInputs
 from tritonlm.worker.model_paths.generic import TransformersPath
 
@@ -82,6 +84,7 @@ class ModelRunner:
         self.attention.allocate(
             self.config.kv_cache_blocks, shapes, self.config.max_num_seqs, self.config.max_seq_len
         )
+        self.decode_graphs = self._decode_graphs() if self.config.decode_graphs else None
         log.info(
             "engine settings: %s (device %s, dtype %s, attention %s, model path %s, KV cache %.1f MiB)",
             self.config.describe(),
@@ -91,6 +94,15 @@ class ModelRunner:
             self.fast_path.name if self.fast_path else self.generic.name,
             self.attention.memory_bytes() / 2**20,
         )
+
+    def _decode_graphs(self) -> DecodeGraphs:
+        """The decode steps' graphs (`decode_graphs`), made now, or a ConfigError saying why not."""
+        graphs = DecodeGraphs.build(
+            self.fast_path, self.attention, self.platform, self.config.max_num_seqs, self.config.max_seq_len
+        )
+        if isinstance(graphs, str):
+            raise ConfigError(f"decode_graphs: true cannot run here: {graphs}")
+        return graphs
 
     def _load(self, config: EngineConfig, checkpoint: PretrainedConfig) -> torch.nn.Module:
         """The checkpoint's model: from its directory, or from the GGUF file it was written for
@@ -130,20 +142,14 @@ class ModelRunner:
         if work.copies:
             self.attention.copy_blocks(work.copies)
         step = step_inputs.build(work, self.attention)
-        metadata = self.attention.build_metadata(step.packed)  # once; every layer reads it
         keep, spans, all_rows = _logits_rows(step.order, num_new, work.num_logits, work.prompt_logits)
-
         loras = work.loras
         adapters = [loras[i] for i in step.order]
-        ids = self.platform.to_device(step.input_ids)
-        embeds = self._embed(ids, step.embed_at, step.embed_rows) if step.embed_at else None
-        positions = self.platform.to_device(step.position_ids)
-        path = self.fast_path
-        if path is None or (not path.runs_lora and any(adapters)):
-            path = self.generic
-        with self.attention.step(metadata):
-            rows = [num_new[i] for i in step.order]
-            logits = path(ForwardInputs(ids, embeds, positions, keep, adapters, rows))
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.runs(step.packed, keep, bool(step.embed_at), adapters):
+            logits = graphs(step.input_ids, step.position_ids, step.packed)
+        else:
+            logits = self._forward(step, keep, adapters, [num_new[i] for i in step.order])
         # The sampled rows, in the scheduler's order (the batch was packed decodes first).
         select: list[int] = []
         offsets = [0]
@@ -157,6 +163,21 @@ class ModelRunner:
         else:
             logits_sampled = logits
         return ModelOutput(logits_sampled, {i: logits[a:b] for i, (a, b) in all_rows.items()}, offsets)
+
+    def _forward(
+        self, step: step_inputs.StepInputs, keep: list[int], adapters: list[object | None], rows: list[int]
+    ) -> torch.Tensor:
+        """The packed step's logits (the `keep` rows) on the model's path: its fast path, or
+        transformers' modules for a path that does not run the step's adapters."""
+        metadata = self.attention.build_metadata(step.packed)  # once; every layer reads it
+        ids = self.platform.to_device(step.input_ids)
+        embeds = self._embed(ids, step.embed_at, step.embed_rows) if step.embed_at else None
+        positions = self.platform.to_device(step.position_ids)
+        path = self.fast_path
+        if path is None or (not path.runs_lora and any(adapters)):
+            path = self.generic
+        with self.attention.step(metadata):
+            return path(ForwardInputs(ids, embeds, positions, keep, adapters, rows))
 
     def _embed(self, ids: torch.Tensor, at: list[int], rows: list[torch.Tensor]) -> torch.Tensor:
         """The model's input embeddings of `ids` [tokens], with `rows` at packed indices `at`."""

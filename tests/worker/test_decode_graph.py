@@ -1,0 +1,120 @@
+"""Decode graphs (tritonlm/worker/decode_graph.py, `decode_graphs`): the buckets chosen right; a
+decode step through a bucket's static buffers, padded rows included, gives the logits of the
+ordinary step bitwise (the one call left eager, so padding alone is compared), in both dtypes; the
+compiled one call gives the same greedy tokens (logits bitwise in bfloat16, within 1e-4 in float32:
+Inductor's own cos and sin for the rotary table round differently) — compiling takes tens of
+seconds a bucket here, so those run only when asked (TRITONLM_TEST_COMPILE=1); the CUDA graph
+capture is skipped, naming CUDA, where torch sees none."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from engine_helpers import request, run_all
+
+from tritonlm.config import EngineConfig
+from tritonlm.platforms.base import Platform
+from tritonlm.platforms.cpu import CpuPlatform
+from tritonlm.platforms.cuda import CudaPlatform
+from tritonlm.sampling.params import SamplingParams
+from tritonlm.settings import ConfigError
+from tritonlm.worker import cpu_kernels, decode_graph, step_inputs
+from tritonlm.worker.model_runner import ModelRunner
+
+NO_KERNELS = cpu_kernels.unavailable()
+needs_kernels = pytest.mark.skipif(NO_KERNELS is not None, reason=f"{NO_KERNELS}")
+COMPILE = os.environ.get("TRITONLM_TEST_COMPILE") == "1"
+needs_compile = pytest.mark.skipif(
+    not COMPILE, reason="compiles with Inductor (tens of seconds a bucket): TRITONLM_TEST_COMPILE=1"
+)
+
+
+def test_buckets_are_powers_of_two_up_to_max_num_seqs():
+    assert decode_graph.buckets(1) == [1]
+    assert decode_graph.buckets(6) == [1, 2, 4, 6]
+    assert decode_graph.buckets(32) == [1, 2, 4, 8, 16, 32]
+    sizes = decode_graph.buckets(6)
+    assert [decode_graph.bucket_for(n, sizes) for n in range(1, 8)] == [1, 2, 4, 4, 6, 6, None]
+
+
+def _runner(model_dir, dtype: str, max_num_seqs: int = 4, **settings) -> ModelRunner:
+    return ModelRunner(
+        EngineConfig(
+            str(model_dir),
+            dtype=dtype,
+            attention_backend=settings.pop("attention_backend", "cpu_paged"),
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=48,
+            block_size=8,
+            max_seq_len=128,
+            decode_graphs=True,
+            **settings,
+        )
+    )
+
+
+def _compare_graph_steps(runner: ModelRunner, atol: float) -> list[int]:
+    """Runs staggered requests; each decode step the graphs take is also run the ordinary way
+    (writing the same keys and values again) and their logits compared. Returns the batch sizes
+    compared; the greedy tokens are the graphs'."""
+    graphs, execute = runner.decode_graphs, runner.execute
+    compared = []
+
+    def both(work):
+        out = execute(work)
+        step = step_inputs.build(work, runner.attention)
+        if graphs.runs(step.packed, list(range(len(work))), bool(step.embed_at), [None]):
+            runner.decode_graphs = None
+            reference = execute(work)
+            runner.decode_graphs = graphs
+            if atol == 0:
+                assert torch.equal(out.logits, reference.logits)
+            else:
+                torch.testing.assert_close(out.logits, reference.logits, rtol=0, atol=atol)
+            assert torch.equal(out.logits.argmax(-1), reference.logits.argmax(-1))
+            compared.append(len(work))
+        return out
+
+    runner.execute = both
+    prompts = [list(range(10, 80)), [5, 6, 7], list(range(100, 130))]
+    run_all(runner, [request(p, 10, SamplingParams()) for p in prompts], stagger=True)
+    return compared
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_padded_rows_never_change_the_real_rows(model_dir, dtype, monkeypatch):
+    monkeypatch.setattr(CpuPlatform, "one_call", Platform.one_call)  # eager: padding alone compared
+    runner = _runner(model_dir, dtype)
+    assert runner.decode_graphs.sizes == [1, 2, 4]
+    compared = _compare_graph_steps(runner, atol=0)
+    assert 3 in compared and 1 in compared  # padded to 4, and a bucket exactly full
+
+
+def test_decode_graphs_need_cpu_paged(model_dir):
+    with pytest.raises(ConfigError, match="decode_graphs.*cpu_paged"):
+        _runner(model_dir, "float32", attention_backend="sdpa")
+
+
+@needs_kernels
+@needs_compile
+@pytest.mark.parametrize(("dtype", "atol"), [("float32", 1e-4), ("bfloat16", 0)])
+def test_compiled_steps_give_the_ordinary_steps_tokens(model_dir, dtype, atol):
+    runner = _runner(model_dir, dtype, max_num_seqs=2)
+    compared = _compare_graph_steps(runner, atol)
+    assert 1 in compared and 2 in compared
+
+
+@pytest.mark.skipif(
+    CudaPlatform.unavailable() is not None, reason=f"needs CUDA: {CudaPlatform.unavailable()}"
+)
+def test_cuda_graph_replays_on_what_the_static_inputs_hold():
+    platform = CudaPlatform(torch.device("cuda"))
+    x = torch.zeros(4, 8, device="cuda")
+    weight = torch.randn(8, 8, device="cuda")
+    call = platform.one_call(lambda: torch.relu(x @ weight) + 1)
+    for seed in range(3):
+        x.copy_(torch.randn(4, 8, generator=torch.Generator().manual_seed(seed)))
+        assert torch.equal(call(), torch.relu(x @ weight) + 1)
