@@ -164,9 +164,9 @@ class EngineConfig:
     model_path: str = setting(
         "auto",
         "what runs the model's forward step: `transformers`, the checkpoint's own modules (every "
-        "architecture); `llama_stack`, Llama's fast path on CPU; `auto`: the fast path of the "
-        "model's architecture on this device where there is one that can run the model (the log says "
-        "why not), else `transformers`",
+        "architecture); `decoder_stack`, the CPU fast path of Llama, Qwen2, Qwen3, Mistral, Granite "
+        "and Phi-3; `auto`: the fast path of the model's architecture on this device where there is one "
+        "that can run the model (the log says why not), else `transformers`",
         check=one_of(*model_path_registry.NAMES),
     )
     attention_backend: str = setting(

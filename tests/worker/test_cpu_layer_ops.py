@@ -1,6 +1,6 @@
 """The one-pass RMSNorm and SiLU-and-mul (`csrc/cpu_layer_ops.cpp`, swapped in by
 tritonlm/worker/fused.py) and the residual add + RMSNorm and rotary embedding of
-tritonlm/worker/llama_stack.py: what transformers' modules compute, in the AVX-512 and the plain
+tritonlm/worker/model_paths/decoder_stack.py: what transformers' modules compute, in the AVX-512 and the plain
 loop, on strided rows (the fused projections' parts); swapped in only where their forward is
 Llama's, and not at all where the kernels cannot run."""
 

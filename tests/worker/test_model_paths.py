@@ -16,13 +16,13 @@ from tritonlm.worker import cpu_kernels, fused, model_paths
 from tritonlm.worker.attention.sdpa import SdpaBackend
 from tritonlm.worker.model_paths import registry
 from tritonlm.worker.model_paths.base import ModelPath
+from tritonlm.worker.model_paths.decoder_stack import DecoderStack
 from tritonlm.worker.model_paths.generic import TransformersPath
-from tritonlm.worker.model_paths.llama_stack import LlamaStack
 
 CPU = platforms.of(torch.device("cpu"))
 NO_KERNELS = cpu_kernels.unavailable()
 # The paths that run the tiny Llama here: both where our kernels run.
-PATHS = ["transformers"] + (["llama_stack"] if NO_KERNELS is None else [])
+PATHS = ["transformers"] + (["decoder_stack"] if NO_KERNELS is None else [])
 
 
 def test_every_registered_path_is_a_model_path_of_its_name():
@@ -50,7 +50,7 @@ def fused_llama(model_dir):
 def test_auto_takes_the_architectures_fast_path_on_its_platform(fused_llama):
     attention = SdpaBackend(16, torch.float32, CPU.device)
     path = model_paths.fast_path("auto", fused_llama, attention, CPU)
-    assert isinstance(path, LlamaStack) if NO_KERNELS is None else path is None
+    assert isinstance(path, DecoderStack) if NO_KERNELS is None else path is None
     assert model_paths.fast_path("transformers", fused_llama, attention, CPU) is None
 
 
@@ -59,14 +59,14 @@ def test_an_architecture_without_a_fast_path_runs_through_transformers():
     attention = SdpaBackend(16, torch.float32, CPU.device)
     assert model_paths.architecture(gpt2) == "GPT2LMHeadModel"
     assert model_paths.fast_path("auto", gpt2, attention, CPU) is None
-    with pytest.raises(ValueError, match="model_path: 'llama_stack' cannot run this model: "):
-        model_paths.fast_path("llama_stack", gpt2, attention, CPU)
+    with pytest.raises(ValueError, match="model_path: 'decoder_stack' cannot run this model: "):
+        model_paths.fast_path("decoder_stack", gpt2, attention, CPU)
     assert isinstance(TransformersPath.build(gpt2, attention, CPU), TransformersPath)
 
 
 def test_a_named_fast_path_that_cannot_run_fails_at_start(model_dir):
-    with pytest.raises(ValueError, match=r"model_path: .llama_stack. cannot run this model: .*; allowed"):
-        fp32_runner(model_dir, "sdpa", model_path="llama_stack", fuse_projections=False)
+    with pytest.raises(ValueError, match=r"model_path: .decoder_stack. cannot run this model: .*; allowed"):
+        fp32_runner(model_dir, "sdpa", model_path="decoder_stack", fuse_projections=False)
 
 
 @pytest.mark.parametrize("model_path", PATHS)

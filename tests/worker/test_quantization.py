@@ -1,6 +1,6 @@
 """`quantization: int8 | int4` (tritonlm/worker/quantize.py): the decoder layers' projections
 quantized at load, held by their linear methods fused or not, under LoRA adapters, in the engine on
-the Llama stack, refused where it cannot run; and the quality bounds (client/quality.py) on the
+the decoder stack, refused where it cannot run; and the quality bounds (client/quality.py) on the
 tiny model."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tritonlm.config import EngineConfig
 from tritonlm.lora.layers import LoraLayers
 from tritonlm.settings import ConfigError
 from tritonlm.worker import cpu_kernels, fused, quantize
-from tritonlm.worker.model_paths.llama_stack import LlamaStack
+from tritonlm.worker.model_paths.decoder_stack import DecoderStack
 from tritonlm.worker.model_runner import ModelRunner
 
 KINDS = ["int8", "int4"]
@@ -94,10 +94,10 @@ def test_lora_adds_to_quantized_weights_what_it_adds_to_dense_ones(model_dir, qu
 
 @pytest.mark.skipif(cpu_kernels.unavailable() is not None, reason=f"{cpu_kernels.unavailable()}")
 @pytest.mark.parametrize("quantization", KINDS)
-def test_the_engine_serves_a_quantized_model_on_the_llama_stack(model_dir, quantization):
+def test_the_engine_serves_a_quantized_model_on_the_decoder_stack(model_dir, quantization):
     config = EngineConfig(str(model_dir), dtype="float32", quantization=quantization, max_num_seqs=4)
     runner = ModelRunner(config)
-    assert isinstance(runner.fast_path, LlamaStack)
+    assert isinstance(runner.fast_path, DecoderStack)
     assert runner.fast_path.head.method != quantization  # the LM head stays dense
     reference, _ = _load(model_dir, quantization)
     reference = quality.engine_model(reference)

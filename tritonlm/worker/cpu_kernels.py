@@ -1,6 +1,6 @@
 """Our C++ CPU kernels: the `cpu_paged` backend's attention (`csrc/cpu_attention.cpp`) and the
 decoder layer's elementwise kernels (`csrc/cpu_layer_ops.cpp`, used by `worker/fused.py` and
-`worker/llama_stack.py`), in one library built ahead of time and loaded when used.
+`worker/model_paths/decoder_stack.py`), in one library built ahead of time and loaded when used.
 
 `make setup` builds it (`python -m tritonlm.worker.cpu_kernels`, through
 `tritonlm/setup.py`) with `torch.utils.cpp_extension` into `build/cpu_attention/`, beside a

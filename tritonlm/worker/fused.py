@@ -7,14 +7,16 @@ and each call costs about as much in fixed overhead as in arithmetic. Here, once
 - the projections that read the same input become one matrix multiply: q/k/v of every attention
   layer, gate/up of every MLP. Each keeps its own module (LoRA's forward hooks still see q_proj,
   k_proj, … with their input and their slice of the output, and add to it in place); the first
-  member called computes the whole group's output, the others return their slice of it;
+  member called computes the whole group's output, the others return their slice of it. A
+  checkpoint that stores a group as one projection (Phi-3's `qkv_proj`, `gate_up_proj`) has that
+  matrix multiply already: it is packed as it is;
 - every such group, each other projection (o_proj, down_proj) and the LM head become a `Projection`
   of the linear method `linear.choose` picks for it (oneDNN-packed on this project's CPUs);
 - the batched decode attention folds grouped-query heads into the query length (the runner tells
   its attention backend, `AttentionBackend.on_fused_projections`; the SDPA backend's `fold_gqa`),
   which avoids SDPA's slow GQA path on CPU (5x in bf16 at one query per sequence);
 - where our C++ kernels run (`cpu_kernels`: built, AVX-512), every RMSNorm whose forward is
-  transformers' Llama one and every SiLU MLP whose forward is Llama's run one pass each
+  transformers' Llama one and every SiLU MLP whose forward is Llama's (or Phi-3's) run one pass each
   (`csrc/cpu_layer_ops.cpp`) instead of torch's six and two: 2.5-4x on a prompt chunk's rows, 4x on
   a decode step's. In bf16 they are bitwise torch's; in fp32 a unit in the last place apart (the
   order of the sum of squares, the last bit of e^x).
@@ -37,6 +39,7 @@ import torch
 from torch import nn
 from transformers.activations import SiLUActivation
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.models.phi3.modeling_phi3 import Phi3MLP
 
 from tritonlm import platforms
 from tritonlm.layer_names import layer_module
@@ -47,6 +50,8 @@ GROUPS = {
     "self_attn": (("q_proj", "k_proj", "v_proj"), ("o_proj",)),
     "mlp": (("gate_proj", "up_proj"), ("down_proj",)),
 }
+# A group a checkpoint stores as one projection (Phi-3's): already one matrix multiply, packed as is.
+PREFUSED = {"self_attn": "qkv_proj", "mlp": "gate_up_proj"}
 
 
 class QuantizedLinear(nn.Module):
@@ -173,6 +178,16 @@ def silu_mlp_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return self.down_proj(hidden)
 
 
+def silu_gate_up_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Phi-3's MLP (gate and up as one projection, gate first), its SiLU and product in one pass."""
+    gate_up = self.gate_up_proj(x)
+    width = gate_up.shape[-1] // 2
+    hidden = torch.empty((*gate_up.shape[:-1], width), dtype=gate_up.dtype, device=gate_up.device)
+    rows = gate_up.reshape(-1, 2 * width)
+    cpu_kernels.kernels().silu_and_mul(hidden.view(-1, width), rows[:, :width], rows[:, width:], True)
+    return self.down_proj(hidden)
+
+
 def _fuse_layer_ops(model: nn.Module) -> int:
     """Swaps in the one-pass RMSNorm and SiLU-and-mul where our kernels run; returns how many."""
     if cpu_kernels.unavailable() is not None:
@@ -185,6 +200,11 @@ def _fuse_layer_ops(model: nn.Module) -> int:
             swapped += 1
         elif same_forward(type(module), LlamaMLP) and isinstance(module.act_fn, (nn.SiLU, SiLUActivation)):
             module.forward = types.MethodType(silu_mlp_forward, module)
+            swapped += 1
+        elif same_forward(type(module), Phi3MLP) and isinstance(
+            module.activation_fn, (nn.SiLU, SiLUActivation)
+        ):
+            module.forward = types.MethodType(silu_gate_up_forward, module)
             swapped += 1
     return swapped
 
@@ -203,11 +223,15 @@ def fuse(model: nn.Module) -> int:
             continue
         grouped, single = GROUPS[match.block]
         linears = [getattr(block, n, None) for n in grouped]
-        if not _same_kind(linears):
+        prefused = PREFUSED[match.block]
+        if _same_kind(linears):
+            group = _Group(f"{name}.{'_'.join(grouped)}", linears)
+            for i, n in enumerate(grouped):
+                setattr(block, n, GroupMember(linears[i], group, i))
+        elif type(getattr(block, prefused, None)) in (nn.Linear, QuantizedLinear):
+            setattr(block, prefused, PackedLinear(f"{name}.{prefused}", getattr(block, prefused)))
+        else:
             continue  # another layout (e.g. GPT-2's c_attn), or dense and quantized members: left
-        group = _Group(f"{name}.{'_'.join(grouped)}", linears)
-        for i, n in enumerate(grouped):
-            setattr(block, n, GroupMember(linears[i], group, i))
         for n in single:
             if type(getattr(block, n, None)) in (nn.Linear, QuantizedLinear):
                 setattr(block, n, PackedLinear(f"{name}.{n}", getattr(block, n)))

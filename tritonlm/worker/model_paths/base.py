@@ -3,8 +3,8 @@
 Every path reads the same modules and weights the runner loaded (transformers' model, with the
 projections of `worker/fused.py` where the platform fuses) and computes attention through the
 attention backend inside its `step`; they differ in how they walk the layers. `generic.py` walks
-transformers' own modules and serves every architecture; a fast path (`llama_stack.py`) walks one
-architecture's layers straight over the fused modules and must give the generic path's logits."""
+transformers' own modules and serves every architecture; a fast path (`decoder_stack.py`) walks a
+family's layers straight over the fused modules and must give the generic path's logits."""
 
 from __future__ import annotations
 

@@ -8,10 +8,16 @@ GENERIC = "transformers"
 # name -> "module:class" of its `ModelPath`.
 PATHS = {
     GENERIC: "tritonlm.worker.model_paths.generic:TransformersPath",
-    "llama_stack": "tritonlm.worker.model_paths.llama_stack:LlamaStack",
+    "decoder_stack": "tritonlm.worker.model_paths.decoder_stack:DecoderStack",
 }
 # (architecture as config.json names it, platform) -> the fast path `auto` takes for it.
 FAST_PATHS = {
-    ("LlamaForCausalLM", "cpu"): "llama_stack",
+    # decoder_stack.FAMILIES' architectures (tests/worker/test_decoder_stack.py keeps them equal)
+    ("LlamaForCausalLM", "cpu"): "decoder_stack",
+    ("Qwen2ForCausalLM", "cpu"): "decoder_stack",
+    ("MistralForCausalLM", "cpu"): "decoder_stack",
+    ("Qwen3ForCausalLM", "cpu"): "decoder_stack",
+    ("GraniteForCausalLM", "cpu"): "decoder_stack",
+    ("Phi3ForCausalLM", "cpu"): "decoder_stack",
 }
 NAMES = (AUTO, *PATHS)
