@@ -1,9 +1,9 @@
 """`gemv`: a dense bf16 or fp32 weight on the CPU, multiplied at a few rows by our streaming kernel
 (`csrc/cpu_gemv.cpp`), at more by the method that would hold it otherwise (oneDNN's packed GEMM).
 
-A decode step at one to a few streams is memory-bound: each weight is read once for a handful of
-rows. oneDNN's blocked GEMM reads it at about 2/3 of the memory's speed there; the kernel streams
-each weight row once for all rows and gets near it (docs/benchmarks.md#decode-gemv). At more rows
+A decode step at one or two streams is memory-bound: each weight is read once for a row or two.
+oneDNN's blocked GEMM reads it at about 2/3 of the memory's speed there; the kernel streams each
+weight row once for all rows, 1.5-1.8x faster (docs/benchmarks.md#decode-gemv). At more rows
 (prefill, many streams) the GEMM's blocking wins, so the projection keeps both forms of the weight:
 as loaded (which the LM head shares with tied input embeddings) and the other method's.
 Sums are fp32 and rounded once, as oneDNN's are; only their order differs."""
@@ -19,7 +19,7 @@ from tritonlm.worker.linear.onednn import OneDnnPacked
 
 # Rows up to which the kernel beats oneDNN's packed GEMM on this project's CPUs (measured:
 # docs/benchmarks.md#decode-gemv); past it the GEMM runs.
-MAX_ROWS = 4
+MAX_ROWS = 2
 DTYPES = (torch.bfloat16, torch.float32)  # what the CPU platform fuses (the kernel takes fp16 too)
 BEST = 2  # the kernel's level: the best loop this CPU has (AVX-512 BF16's dot products where it can)
 
