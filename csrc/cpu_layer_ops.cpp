@@ -1,5 +1,5 @@
 // A decoder layer's elementwise work on the CPU, one pass each: the kernels behind
-// tritonlm/worker/fused.py's RMSNorm and SiLU-and-mul, and tritonlm/worker/llama_stack.py's
+// tritonlm/worker/fused.py's RMSNorm and SiLU-and-mul, and tritonlm/worker/model_paths/decoder_stack.py's
 // residual add + RMSNorm and rotary embedding.
 //
 // torch runs transformers' RMSNorm as six operations (to fp32, square, mean, rsqrt, multiply,

@@ -15,6 +15,7 @@ from tritonlm.lora.layers import LoraLayers
 from tritonlm.worker import fused, linear
 from tritonlm.worker.linear import METHODS
 from tritonlm.worker.linear.dense import DenseTorch
+from tritonlm.worker.linear.gemv import GemvDense
 from tritonlm.worker.linear.onednn import OneDnnPacked
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -64,7 +65,7 @@ def test_choose_takes_the_best_method_that_holds_the_weight():
     half = torch.zeros(4, 4, dtype=torch.float16)
     assert linear.choose("model.layers.0.mlp.down_proj", half) is DenseTorch
     fp32 = torch.zeros(4, 4)
-    best = OneDnnPacked if OneDnnPacked.supports(fp32) is None else DenseTorch
+    best = next(m for m in (GemvDense, OneDnnPacked, DenseTorch) if m.supports(fp32) is None)
     assert linear.choose("lm_head", fp32) is best
     assert linear.prepare("lm_head", fp32, None).method == best.name
 

@@ -17,6 +17,7 @@ import torch
 
 from tritonlm.worker.linear.base import LinearMethod, Projection, QuantizedWeight
 from tritonlm.worker.linear.dense import DenseTorch
+from tritonlm.worker.linear.gemv import GemvDense
 from tritonlm.worker.linear.int4 import Int4Packed, Int4Weight
 from tritonlm.worker.linear.int8 import Int8Packed, Int8Weight
 from tritonlm.worker.linear.onednn import OneDnnPacked
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 # name -> method, best first (`torch` holds any dense weight, so it comes last).
 METHODS: dict[str, type[LinearMethod]] = {
-    m.name: m for m in (Int4Packed, Int8Packed, OneDnnPacked, DenseTorch)
+    m.name: m for m in (Int4Packed, Int8Packed, GemvDense, OneDnnPacked, DenseTorch)
 }
 
 Weight = torch.Tensor | QuantizedWeight
