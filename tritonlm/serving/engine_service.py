@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -69,12 +70,21 @@ class Siblings:
         self.running = set(self.keys)
 
 
+def _build_runner(config: EngineConfig) -> ModelRunner:
+    # This process serves the engine alone: its threads are the engine's.
+    platforms.resolve(config.device).configure_threads(config.engine_threads())
+    return ModelRunner(config)
+
+
 class EngineService:
     def __init__(self, args: dict) -> None:
         config = EngineConfig.from_parameters(triton_glue.parameters(args))
-        # This process serves the engine alone: its threads are the engine's.
-        platforms.resolve(config.device).configure_threads(config.engine_threads())
-        self.runner = ModelRunner(config)
+        # The runner is built on the thread that steps it. torch's CPU threads are an OpenMP team per
+        # calling thread (and its thread count a setting of that thread): a second team makes libgomp
+        # throttle its spin-wait, and the step's workers then sleep between its hundreds of parallel
+        # regions (docs/benchmarks.md, "Where one stream's token goes").
+        self.loop = ThreadPoolExecutor(1, thread_name_prefix="engine-loop")
+        self.runner = self.loop.submit(_build_runner, config).result()
         self.adapters = LoraStore(
             self.runner.config, self.runner.lora.shapes, self.runner.dtype, self.runner.device
         )
@@ -101,8 +111,8 @@ class EngineService:
         # max_lora: adapters one batch can mix, the named ones and the task-id cache's.
         max_lora = len(self.adapters.named) + self.adapters.max_adapters
         self.metrics = EngineMetrics(args["model_name"], max_lora)
+        self.running = self.loop.submit(self.engine.run)
         self.threads = [
-            threading.Thread(target=self.engine.run, name="engine-loop", daemon=True),
             threading.Thread(target=self._send_loop, name="engine-sender", daemon=True),
             threading.Thread(target=self._metrics_loop, name="engine-metrics", daemon=True),
             threading.Thread(target=self._cancel_loop, name="engine-cancel", daemon=True),
@@ -269,9 +279,12 @@ class EngineService:
         self.engine.stop()
         self.outbox.put(None)
         deadline = time.monotonic() + timeout
+        futures.wait([self.running], timeout)
+        self.loop.shutdown(wait=False)
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         alive = [thread.name for thread in self.threads if thread.is_alive()]
+        alive += [] if self.running.done() else ["engine-loop"]
         if alive:
             log.warning("engine threads still running at unload: %s", ", ".join(alive))
         # Idle once the sender has returned. If it has not, its round still goes out: a final
