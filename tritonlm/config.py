@@ -36,6 +36,7 @@ MAX_SEQ_LEN_CAP = 4096  # the default max_seq_len never exceeds this, whatever t
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 QUANTIZATIONS = ("none", "int8", "int4")
+MOE_IMPLEMENTATIONS = ("auto", "grouped_mm", "eager", "batched_mm")  # transformers' experts functions
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -168,6 +169,16 @@ class EngineConfig:
         "and Phi-3; `auto`: the fast path of the model's architecture on this device where there is one "
         "that can run the model (the log says why not), else `transformers`",
         check=one_of(*model_path_registry.NAMES),
+    )
+    moe_implementation: str = setting(
+        "auto",
+        "how a mixture-of-experts layer runs its experts (transformers' experts implementations): "
+        "`grouped_mm`, tokens sorted by expert and one grouped matmul per projection; `eager`, a "
+        "loop over the experts hit; `batched_mm`, each token's experts' weights gathered (fast only "
+        "for a token or two); `auto`: `grouped_mm`, the fastest measured on CPU in float32 and "
+        "bfloat16 (docs/benchmarks.md), where the model's experts can switch. No effect on a model "
+        "without experts",
+        check=one_of(*MOE_IMPLEMENTATIONS),
     )
     attention_backend: str = setting(
         "auto",

@@ -33,6 +33,7 @@ from tritonlm.worker import (
     gguf_weights,
     model_paths,
     model_support,
+    moe,
     quantize,
     step_inputs,
 )
@@ -111,8 +112,12 @@ class ModelRunner:
         file = gguf_checkpoint.weights_file(config.model_dir)
         if file is None:
             model_class = language_model_class(checkpoint)
+            experts = moe.experts_implementation(config.moe_implementation, model_class, checkpoint)
             return model_class.from_pretrained(
-                config.model_dir, dtype=self.dtype, attn_implementation=attn_implementation
+                config.model_dir,
+                dtype=self.dtype,
+                attn_implementation=attn_implementation,
+                experts_implementation=experts,
             )
         keep_int4 = self.platform.name == "cpu"
         return gguf_weights.load(
