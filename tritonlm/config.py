@@ -36,7 +36,7 @@ MAX_SEQ_LEN_CAP = 4096  # the default max_seq_len never exceeds this, whatever t
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 QUANTIZATIONS = ("none", "int8", "int4")
-MOE_IMPLEMENTATIONS = ("auto", "grouped_mm", "eager", "batched_mm")  # transformers' experts functions
+MOE_IMPLEMENTATIONS = ("auto", "grouped_linear", "grouped_mm", "eager", "batched_mm")  # worker/moe.py
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -172,12 +172,12 @@ class EngineConfig:
     )
     moe_implementation: str = setting(
         "auto",
-        "how a mixture-of-experts layer runs its experts (transformers' experts implementations): "
-        "`grouped_mm`, tokens sorted by expert and one grouped matmul per projection; `eager`, a "
-        "loop over the experts hit; `batched_mm`, each token's experts' weights gathered (fast only "
-        "for a token or two); `auto`: `grouped_mm`, the fastest measured on CPU in float32 and "
-        "bfloat16 (docs/benchmarks.md), where the model's experts can switch. No effect on a model "
-        "without experts",
+        "how a mixture-of-experts layer runs its experts: `grouped_linear` (ours), the tokens grouped "
+        "by expert and each expert's projections by the linear methods (oneDNN pre-packed on CPU); "
+        "transformers' `grouped_mm` (one grouped matmul per projection), `eager` (a loop over the "
+        "experts hit) or `batched_mm` (each token's experts' weights gathered: one token only); "
+        "`auto`: `grouped_linear` on CPU, the fastest measured there in float32 and bfloat16 "
+        "(docs/benchmarks.md), `grouped_mm` elsewhere. No effect on a model without experts",
         check=one_of(*MOE_IMPLEMENTATIONS),
     )
     attention_backend: str = setting(

@@ -1,8 +1,9 @@
 """Mixture-of-experts models on the experts implementation `moe_implementation` picks
-(tritonlm/worker/moe.py): `auto` loads transformers' `grouped_mm` (tokens grouped by expert), and
-greedy tokens through the engine equal transformers `generate` on its per-expert loop (`eager`),
-fp32 exactly and bf16 up to a near tie, for random 2-layer Qwen3-MoE, Mixtral and gpt-oss
-checkpoints made from their real config classes. A model without experts ignores the setting."""
+(tritonlm/worker/moe.py): `auto` is our `grouped_linear` on the CPU (tokens grouped by expert, each
+expert's projections by the linear methods), and greedy tokens through the engine equal
+transformers `generate` on its per-expert loop (`eager`), fp32 exactly and bf16 up to a near tie,
+for random 2-layer Qwen3-MoE, Mixtral and gpt-oss checkpoints made from their real config classes;
+so do transformers' other implementations named. A model without experts ignores the setting."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from transformers import AutoModelForCausalLM, GptOssConfig, LlamaConfig, Mixtra
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.platforms.cpu import cpu_has_native_bf16
 from tritonlm.sampling.params import SamplingParams
+from tritonlm.worker import moe
 from tritonlm.worker.model_runner import ModelRunner
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -80,11 +82,11 @@ def test_auto_groups_by_expert_and_equals_the_per_expert_loop(tmp_path, family):
     reference, path = checkpoint(family, tmp_path)
     refs = [generate(reference, p)[0] for p in prompts()]
     runner = fp32_runner(path, "auto", max_seq_len=MAX_SEQ_LEN, max_num_seqs=4, max_num_batched_tokens=16)
-    assert experts_of(runner) == "grouped_mm"
+    assert experts_of(runner) == "grouped_linear"
     assert engine_tokens(runner, prompts()) == refs
 
 
-@pytest.mark.parametrize("name", ["eager", "batched_mm"])
+@pytest.mark.parametrize("name", ["grouped_mm", "eager", "batched_mm"])
 def test_each_named_implementation_loads_and_equals_the_loop(tmp_path, name):
     reference, path = checkpoint("qwen3-moe", tmp_path)
     refs = [generate(reference, p)[0] for p in prompts()]
@@ -103,12 +105,19 @@ def test_bfloat16_equals_the_loop_up_to_a_near_tie(tmp_path, family):
     config = EngineConfig(str(path), dtype="bfloat16", max_seq_len=MAX_SEQ_LEN, max_num_seqs=4,
                           max_num_batched_tokens=16)  # fmt: skip
     runner = ModelRunner(config)
-    assert experts_of(runner) == "grouped_mm"
+    assert experts_of(runner) == "grouped_linear"
     compared = 0
     for tokens, (ref, clear) in zip(engine_tokens(runner, prompts()), refs, strict=True):
         assert tokens[:clear] == ref[:clear]
         compared += clear
     assert compared >= 8, refs  # not vacuous
+
+
+def test_auto_is_grouped_mm_off_the_cpu():
+    config = Qwen3MoeConfig(**SMALL)
+    assert moe.experts_implementation("auto", AutoModelForCausalLM, config, "cuda") == "grouped_mm"
+    assert moe.experts_implementation("auto", AutoModelForCausalLM, config, "cpu") == "grouped_linear"
+    assert moe.experts_implementation("auto", AutoModelForCausalLM, LlamaConfig(**SMALL), "cpu") is None
 
 
 def test_a_model_without_experts_ignores_the_setting(tmp_path):

@@ -112,7 +112,9 @@ class ModelRunner:
         file = gguf_checkpoint.weights_file(config.model_dir)
         if file is None:
             model_class = language_model_class(checkpoint)
-            experts = moe.experts_implementation(config.moe_implementation, model_class, checkpoint)
+            experts = moe.experts_implementation(
+                config.moe_implementation, model_class, checkpoint, self.device.type
+            )
             return model_class.from_pretrained(
                 config.model_dir,
                 dtype=self.dtype,
