@@ -11,6 +11,9 @@ Every `model.py` calls `guard()` first thing in `initialize`:
   collection of torch and transformers): 8-10 s on a busy 2-core machine, per model, while
   tritonserver waits to exit. By then the model has answered the finalize request and released
   everything it owns, so an exit hook ends the process at once instead.
+
+The engine's stub also bounds how long torch's OpenMP threads spin before they sleep
+(`bound_openmp_spin`, before torch is imported: libgomp reads it when it loads).
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ import threading
 import time
 
 PARENT_POLL_S = 0.5
+# libgomp's spin-wait between parallel regions, in iterations (GOMP_SPINCOUNT; its default is 300000).
+# A decode step is hundreds of short regions: workers that sleep between them pay a wake-up each
+# (one SmolLM2 stream: 21.4 ms a token against 14.3 spinning, on a quiet 2-core machine), while an
+# unbounded spin collapses when other processes take the cores (550 ms a token). 10000 keeps most of
+# the gain (16.1 ms) and yields soon under load (docs/benchmarks.md, "Where one stream's token goes").
+OPENMP_SPIN_COUNT = "10000"
 _guarded = False
 
 
@@ -41,6 +50,15 @@ def _watch_parent(parent: int) -> None:
         time.sleep(PARENT_POLL_S)
     print(f"tritonserver (pid {parent}) is gone: stub {os.getpid()} exits", file=sys.stderr)
     _exit_now(1)
+
+
+def bound_openmp_spin() -> None:
+    """Sets GOMP_SPINCOUNT (unless the environment sets it) for this process's OpenMP threads; call
+    before torch is imported."""
+    if "torch" in sys.modules:
+        logging.getLogger(__name__).warning("torch is loaded already: GOMP_SPINCOUNT not set")
+        return
+    os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPIN_COUNT)
 
 
 def guard() -> None:

@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 
 from tritonlm.serving import stub_process
-from tritonlm.serving.engine_service import EngineService
+
+stub_process.bound_openmp_spin()  # before torch loads
+
+from tritonlm.serving.engine_service import EngineService  # noqa: E402
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
