@@ -156,6 +156,21 @@ async def _http_stream(
     return result
 
 
+def completion_body(model: str | None, prompt: Prompt, ignore_eos: bool) -> dict[str, Any]:
+    """A greedy, streamed /v1/completions body for `prompt`, its usage in the last event."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": prompt.text,
+        "max_tokens": prompt.output_len,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if ignore_eos:
+        body["ignore_eos"] = True  # vLLM's extension; strict peers reject it
+    return body
+
+
 def _openai_tokens(event: Any) -> int | None:
     if "error" in event:
         return None
@@ -222,16 +237,7 @@ class Backend:
 
     def send(self, prompt: Prompt) -> Awaitable[Result]:
         if self.api == "openai":
-            body: dict[str, Any] = {
-                "model": self.model,
-                "prompt": prompt.text,
-                "max_tokens": prompt.output_len,
-                "temperature": 0.0,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            if self.ignore_eos:
-                body["ignore_eos"] = True  # vLLM's extension; strict peers reject it
+            body = completion_body(self.model, prompt, self.ignore_eos)
             body.update(self.extra)
             return _http_stream(
                 self.http, f"{self.url}/v1/completions", body, prompt, _openai_tokens, _openai_usage

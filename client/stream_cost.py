@@ -137,15 +137,7 @@ class OpenAIPath:
         self.model = self.http.get(f"{url}/v1/models").json()["data"][0]["id"]
 
     def run(self, prompt: load.Prompt, ids: list[int], sample: Sample) -> None:
-        body = {
-            "model": self.model,
-            "prompt": prompt.text,
-            "max_tokens": prompt.output_len,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": True,
-        }
+        body = load.completion_body(self.model, prompt, ignore_eos=True)
         arrivals: list[float] = []
         tokens = 0
         with self.http.stream("POST", f"{self.url}/v1/completions", json=body) as response:
