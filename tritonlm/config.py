@@ -173,7 +173,7 @@ class EngineConfig:
     moe_implementation: str = setting(
         "auto",
         "how a mixture-of-experts layer runs its experts: `grouped_linear` (ours), the tokens grouped "
-        "by expert and each expert's projections by the linear methods (oneDNN pre-packed on CPU); "
+        "by expert and each expert's projections run once over its tokens, pre-packed on CPU; "
         "transformers' `grouped_mm` (one grouped matmul per projection), `eager` (a loop over the "
         "experts hit) or `batched_mm` (each token's experts' weights gathered: one token only); "
         "`auto`: `grouped_linear` on CPU, the fastest measured there in float32 and bfloat16 "
