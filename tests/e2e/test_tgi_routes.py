@@ -33,7 +33,14 @@ def test_generate_stream_is_post_slash_streamed(servers):
     streamed = post(servers, "/generate_stream", body)
     assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
     same = post(servers, "/", {**body, "stream": True})
-    assert streamed.text == same.text
+    # The same tokens and final text. Not byte for byte: where a token ends inside a UTF-8 character,
+    # which event carries the held bytes depends on how the sender grouped the steps' reports.
+    events = [
+        [json.loads(line.removeprefix("data: ")) for line in r.text.split("\n") if line]
+        for r in (streamed, same)
+    ]
+    assert [[e["token"]["id"] for e in run] for run in events] == [[e["token"]["id"] for e in events[0]]] * 2
+    assert events[0][-1]["generated_text"] == events[1][-1]["generated_text"]
     client = InferenceClient(model=servers.frontend_url + "/generate_stream")
     pieces = list(client.text_generation("Hello", max_new_tokens=4, stream=True))
     final = json.loads(streamed.text.strip().splitlines()[-1].removeprefix("data: "))
