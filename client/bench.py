@@ -64,6 +64,7 @@ from client import llama_cpp, load
 from client.load import Prompt, Result
 from client.usage import ServerUsage, machine_busy_seconds
 from tritonlm import smollm2
+from tritonlm.config import EngineConfig
 from tritonlm.contract import ENGINE
 from tritonlm.model_gen.tiny import count_parameters
 from tritonlm.serving import model_set
@@ -395,9 +396,10 @@ def run_ours(
     """System `key`: this project in `dtype`, with engine `settings` (TRITONLM_* variables, which
     win over `dtype`'s) if any; (6) constrains every request with BENCH_SCHEMA."""
     structured = key == "6"
+    settings = {**kv_like_llama_cpp(max(prompts), args.input_len + args.output_len), **(settings or {})}
     ports = launcher.Ports(frontend=free_port(), http=free_port(), grpc=free_port(), metrics=free_port())
     saved = dict(os.environ)  # the engine's settings, read by the child tritonserver
-    os.environ.update({"TRITONLM_DTYPE": dtype, **(settings or {})})
+    os.environ.update({"TRITONLM_DTYPE": dtype, **settings})
     try:
         triton = launcher.start_triton(ports, model_dir, logs / f"tritonserver-{key}-{dtype}.log")
     finally:
@@ -430,6 +432,24 @@ def run_ours(
         launcher.stop(triton)
 
 
+KV_SIZING = ("TRITONLM_KV_CACHE_BLOCKS", "TRITONLM_KV_CACHE_MEMORY_FRACTION", "TRITONLM_MAX_SEQ_LEN")
+
+
+def kv_like_llama_cpp(slots: int, tokens_per_request: int) -> dict[str, str]:
+    """Our KV cache sized as llama.cpp's (9) at the same level: its context of all slots
+    (`kv_cache_blocks`) and a slot's share (`max_seq_len`), unless the environment sets either. The
+    engine otherwise sizes the cache from free memory, which makes its peak memory a measure of the
+    machine rather than of the server."""
+    if set(KV_SIZING) & set(os.environ):
+        return {}
+    block = int(os.environ.get("TRITONLM_BLOCK_SIZE", EngineConfig.block_size))
+    context = llama_cpp.context_size(slots, tokens_per_request)
+    return {
+        "TRITONLM_KV_CACHE_BLOCKS": str(-(-context // block)),
+        "TRITONLM_MAX_SEQ_LEN": str(llama_cpp.context_size(1, tokens_per_request)),
+    }
+
+
 def _engine_report(metrics: str, key: str, before: dict[str, float]) -> dict:
     """From the engine's statistics after one level: (6)'s grammar mask share of its steps' time
     (less the counters `before` the level), (8)'s acceptance rate."""
@@ -456,6 +476,7 @@ def _usage_report(usage: ServerUsage, client_cpu_s: float) -> dict:
     ours = sum(usage.cpu_s.values()) + client_cpu_s
     return {
         "peak_rss_mib": usage.peak_mib,
+        "peak_pss_mib": usage.peak_pss_mib,
         "cpu_s": {**dict(sorted(usage.cpu_s.items(), key=lambda kv: -kv[1])), "load generator": client_cpu_s},
         "other_cpu_s": max(0.0, usage.machine_busy_s - ours),
     }
@@ -479,12 +500,12 @@ def table(reports: dict[str, dict], limit: float | None) -> str:
 
     rows = [
         "| system | output tok/s | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms "
-        "| peak RSS MiB | vs (2) | vs (5) vLLM | vs (9) llama.cpp |",
+        "| peak RSS / PSS MiB | vs (2) | vs (5) vLLM | vs (9) llama.cpp |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, r in reports.items():
         tps, ttft, tpot = r["output_throughput"], r["ttft_ms"], r["tpot_ms"]
-        rss = f"{r['peak_rss_mib']:.0f}" if r.get("peak_rss_mib") else "-"  # (1)-(2) share the bench's
+        rss = memory(r)
         rows.append(
             f"| {NAMES[key]} | {tps:.0f} | {r['request_throughput']:.2f} | {ttft['p50']:.0f} "
             f"| {ttft['p99']:.0f} | {tpot['p50']:.1f} | {tpot['p99']:.1f} | {rss} | {ratios(tps)} |"
@@ -494,6 +515,14 @@ def table(reports: dict[str, dict], limit: float | None) -> str:
             f"| physical limit (forward FLOPs / matmul rate) | {limit:.0f} | | | | | | | {ratios(limit)} |"
         )
     return "\n".join(rows)
+
+
+def memory(report: dict) -> str:
+    """`RSS / PSS` of a server's processes at their peak; "-" for (1)-(2), which share the bench's."""
+    if not report.get("peak_rss_mib"):
+        return "-"
+    pss = report.get("peak_pss_mib")
+    return f"{report['peak_rss_mib']:.0f} / {pss:.0f}" if pss else f"{report['peak_rss_mib']:.0f}"
 
 
 def plot(
@@ -623,6 +652,11 @@ def print_summary(label: str, by_system: dict[str, dict], limit: float | None, n
                 else f" (target >= {target}x): " + ("ok" if got >= target else "BELOW TARGET")
             )
             print(f"{label}: (4) / {NAMES[key][:3]} = {got:.2f}x{verdict}")
+    peers_pss = [by_system.get(k, {}).get("peak_pss_mib") for k in ("4", "9")]
+    if all(peers_pss):
+        got = peers_pss[0] / peers_pss[1]
+        verdict = "ok" if got <= 1.5 else "ABOVE TARGET"
+        print(f"{label}: (4) / llama.cpp peak PSS = {got:.2f}x (target <= 1.5x): {verdict}")
     structured = by_system.get("6")
     if structured:
         fraction = structured["grammar_mask_fraction"]

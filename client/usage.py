@@ -25,6 +25,19 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
+def pss_mib(pid: int) -> float | None:
+    """Proportional set size of `pid` in MiB (its private pages, and each shared page divided among
+    the processes mapping it), None once it is gone. Summed over a server's processes it counts a
+    shared library once, where summed RSS counts it in every process (each stub maps torch)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
 def cpu_seconds(pid: int) -> float | None:
     """User and system CPU seconds `pid` has used, None once it is gone."""
     try:
@@ -65,7 +78,8 @@ def process_label(pid: int) -> str:
 class ServerUsage:
     """While open, samples every `every` seconds the process groups led by `leaders` (each server
     is started in a session of its own: tritonserver with its stubs, a peer's API server with its
-    engine processes): `peak_mib` is the largest summed RSS seen, `cpu_s` each process label's CPU
+    engine processes): `peak_mib` is the largest summed RSS seen, `peak_pss_mib` the largest summed
+    PSS (the memory the server takes, shared pages counted once), `cpu_s` each process label's CPU
     seconds used while open (summed over processes of one label), `machine_busy_s` what every CPU of
     the machine spent busy meanwhile (the servers, the load generator and anything else)."""
 
@@ -73,6 +87,7 @@ class ServerUsage:
         self.leaders = leaders
         self.every = every
         self.peak_mib = 0.0
+        self.peak_pss_mib = 0.0
         self.cpu_s: dict[str, float] = {}
         self.machine_busy_s = 0.0
         self._first: dict[int, float] = {}  # pid -> CPU seconds when first seen
@@ -85,6 +100,7 @@ class ServerUsage:
         while True:
             pids = {pid for leader in self.leaders for pid in group_members(leader)}
             self.peak_mib = max(self.peak_mib, sum(rss_mib(pid) or 0.0 for pid in pids))
+            self.peak_pss_mib = max(self.peak_pss_mib, sum(pss_mib(pid) or 0.0 for pid in pids))
             for pid in pids:
                 used = cpu_seconds(pid)
                 if used is None:

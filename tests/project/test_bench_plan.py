@@ -115,3 +115,19 @@ def test_a_converted_file_older_than_its_model_is_stale(tmp_path: Path) -> None:
 def test_each_slot_holds_a_request() -> None:
     assert llama_cpp.context_size(32, 128 + 64) == 32 * 512  # the recipe's -c 16384
     assert llama_cpp.context_size(2, 1000) == 2 * 1280
+
+
+def test_our_kv_cache_is_sized_as_llama_cpps(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in bench.KV_SIZING:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TRITONLM_BLOCK_SIZE", "16")
+    # the recipe's -c 16384 over 32 slots: 1024 blocks of 16, a sequence at most a slot's 512
+    sized = {"TRITONLM_KV_CACHE_BLOCKS": "1024", "TRITONLM_MAX_SEQ_LEN": "512"}
+    assert bench.kv_like_llama_cpp(32, 128 + 64) == sized
+    monkeypatch.setenv("TRITONLM_KV_CACHE_BLOCKS", "300")
+    assert bench.kv_like_llama_cpp(32, 128 + 64) == {}  # what the environment sets wins
+
+
+def test_the_table_gives_peak_rss_and_pss() -> None:
+    report = {**_report(60.0), "peak_rss_mib": 3000.0, "peak_pss_mib": 2000.4}
+    assert "| 3000 / 2000 |" in bench.table({"4": report}, None)
