@@ -92,7 +92,8 @@ def test_eight_windows_of_greedy_tokens_equal_generate_in_bounded_blocks(
         runner.attention.workspace = None
     most = watch_blocks(runner)
     requests = [request(p, MAX_SEQ_LEN - len(p), SamplingParams()) for p in asked]
-    engine, seqs = run_all(runner, requests, stagger=True)
+    # Eight at once overflow the cache whatever the timing; staggered, whether they do depends on it.
+    engine, seqs = run_all(runner, requests, stagger=max_num_seqs != 8)
     for seq in seqs:  # every sequence reaches 8·W tokens
         assert seq.num_tokens == MAX_SEQ_LEN
         assert seq.output_ids == greedy_choices(model, list(seq.prompt_ids), seq.output_ids)
