@@ -102,7 +102,7 @@ def test_greedy_past_the_window_equals_transformers_generate(tmp_path, family, s
 
 
 @pytest.mark.skipif(not cpu_has_native_bf16(), reason="this CPU has no native bfloat16")
-@pytest.mark.parametrize("family", ["mistral", "gemma 3"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_bfloat16_greedy_past_the_window_matches_transformers_up_to_a_near_tie(tmp_path, family):
     """test_bfloat16.py's rule: bf16 runs may part where the two best logits are nearly tied."""
     model, path = checkpoint(family, tmp_path, torch.bfloat16)
