@@ -55,9 +55,12 @@ model: setup
 # server on the default model (SmolLM2-135M-Instruct) in fp32, bf16 and Q4_1 (both serve the GGUF
 # file; ours in bf16) and ours with an int8 KV cache (k), at 32, 4 and 1 streams, with the physical
 # limit of each dtype; then, on SmolLM2, the quality of `quantization` int8/int4, the Q4_1 file and
-# the int8 KV cache (client/quality.py, client/quant_parity.py) and decode steps at 1 and 32 rows.
-# About fifty minutes. Results: bench_results/. Not part of `make test`.
+# the int8 KV cache (client/quality.py, client/quant_parity.py) and decode steps at 1 and 32 rows;
+# then each of BENCH_FAMILIES' fast path against its transformers path (bf16, 32 streams).
+# About seventy minutes. Results: bench_results/. Not part of `make test`.
 # BENCH_ARGS="--systems 12345" adds one-at-a-time generate and `transformers serve`.
+# Each family's fast path (4) against its transformers path (t), on random SmolLM2-sized checkpoints.
+BENCH_FAMILIES ?= llama qwen2 qwen3 mistral granite phi3 qwen3-moe
 SMOLLM2_BENCH := --model-dir models/smollm2-135m-instruct --systems 459k --dtypes float32,bfloat16,q4_1 \
     --concurrency 32,4,1 --num-requests 64,16,8
 bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed $(LLAMA_CPP)/.built-$(LLAMA_CPP_VERSION)
@@ -68,6 +71,10 @@ bench: setup $(VENV)/.bench-installed $(VLLM_VENV)/.installed $(LLAMA_CPP)/.buil
 	$(PY) -m client.quant_parity --model-dir models/smollm2-135m-instruct --variants kv_cache_dtype=int8
 	for rows in 1 32; do $(PY) -m client.step_bench --model-dir models/smollm2-135m-instruct --rounds 3 \
 	    --batch $$rows --variants "" quantization=int8 quantization=int4 || exit 1; done
+	for family in $(BENCH_FAMILIES); do $(PY) -m tritonlm.model_gen.families models/families/$$family \
+	    --family $$family --tokenizer-dir models/smollm2-135m-instruct && $(PY) -m client.bench \
+	    --model-dir models/families/$$family --systems 4t --dtypes bfloat16 --concurrency 32 \
+	    --num-requests 64 || exit 1; done
 
 $(VENV)/.bench-installed: pyproject.toml
 	$(PY) -m pip install -q -e ".[bench]"

@@ -22,7 +22,11 @@ in each dtype asked for.
    f32 or bf16, or for `q4_1` the default model's original Q4_1 file. In `q4_1` only (4) and (9)
    run; (4) serves `--q4-ours-model` (default: the default model's Q4_1 file itself, served directly,
    its 4-bit weights kept 4-bit) in `--q4-ours-dtype`;
-k. this project with the KV cache in int8 (`kv_cache_dtype=int8`): its speed and peak RSS against (4).
+k. this project with the KV cache in int8 (`kv_cache_dtype=int8`): its speed and peak RSS against (4);
+t. this project on transformers' path (`model_path=transformers`, `moe_implementation=grouped_mm`):
+   the model's own modules where (4) runs a family's fast path (the decoder stack, grouped experts);
+   `make bench` runs (4) and (t) on a random checkpoint of each family
+   (tritonlm/model_gen/families.py), target (4) >= 1.3x (t).
 
 Each server starts once per dtype and serves every level of `--concurrency` in turn (`--num-requests`:
 one count for all levels, or one per level), each level with prompts of its own (no level finds an
@@ -83,10 +87,14 @@ NAMES = {
     "8": "(8) tritonlm + prompt lookup, repeating prompts",
     "9": "(9) llama.cpp server",
     "k": "(k) tritonlm, kv_cache_dtype int8",
+    "t": "(t) tritonlm, transformers' path",
 }
 # (8) runs with speculative decoding by prompt lookup (engine settings), beside (7) without it.
 PROMPT_LOOKUP = {"TRITONLM_SPECULATIVE_MODEL": "[ngram]", "TRITONLM_NUM_SPECULATIVE_TOKENS": "4"}
 KV_INT8 = {"TRITONLM_KV_CACHE_DTYPE": "int8"}  # (k)
+# (t): the model's own modules and transformers' own grouped experts
+TRANSFORMERS_PATH = {"TRITONLM_MODEL_PATH": "transformers", "TRITONLM_MOE_IMPLEMENTATION": "grouped_mm"}
+FAST_PATH_TARGET = 1.3  # (4) / (t)
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 TORCH_DTYPES = ("float32", "bfloat16")
 Q4 = llama_cpp.QUANTIZED  # a file format, not a torch dtype: only Q4_SYSTEMS run it
@@ -592,7 +600,7 @@ def _arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list[str], P
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model-dir", type=Path, default=BENCH_MODEL_DIR)
-    parser.add_argument("--systems", default="245678k", help="which of 1-9 and k to run, e.g. 249")
+    parser.add_argument("--systems", default="245678k", help="which of 1-9, k and t to run, e.g. 249")
     parser.add_argument(
         "--dtypes", default=",".join(TORCH_DTYPES), help="comma-separated, of " + ", ".join(DTYPES)
     )
@@ -672,6 +680,11 @@ def print_summary(label: str, by_system: dict[str, dict], limit: float | None, n
         speedup = f", {lookup['output_throughput'] / plain['output_throughput']:.2f}x (7)" if plain else ""
         shown = accepted if accepted is None else f"{accepted:.2f}"
         print(f"{label}: prompt lookup: acceptance rate {shown}{speedup}")
+    generic = by_system.get("t")
+    if generic and ours:
+        got = ours / generic["output_throughput"]
+        verdict = "ok" if got >= FAST_PATH_TARGET else "BELOW TARGET"
+        print(f"{label}: (4) / (t) = {got:.2f}x (target >= {FAST_PATH_TARGET}x): {verdict}")
     int8, plain = by_system.get("k"), by_system.get("4")
     if int8 and plain:
         rss = [r.get("peak_rss_mib") or 0 for r in (plain, int8)]
@@ -781,6 +794,7 @@ def _runners(
         "7": lambda dtype: ours(dtype, "7", repeated),
         "8": lambda dtype: ours(dtype, "8", repeated, PROMPT_LOOKUP),
         "k": lambda dtype: ours(dtype, "k", prompts, KV_INT8),
+        "t": lambda dtype: ours(dtype, "t", prompts, TRANSFORMERS_PATH),
         "9": lambda dtype: run_llama_cpp(model_dir, prompts, args, logs, dtype),
     }
 

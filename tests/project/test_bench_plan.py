@@ -131,3 +131,14 @@ def test_our_kv_cache_is_sized_as_llama_cpps(monkeypatch: pytest.MonkeyPatch) ->
 def test_the_table_gives_peak_rss_and_pss() -> None:
     report = {**_report(60.0), "peak_rss_mib": 3000.0, "peak_pss_mib": 2000.4}
     assert "| 3000 / 2000 |" in bench.table({"4": report}, None)
+
+
+def test_each_family_is_benched_at_smollm2s_size_against_its_transformers_path() -> None:
+    from tritonlm.model_gen.families import FAMILIES
+
+    for family, make in FAMILIES.items():
+        config = make()
+        shape = (config.hidden_size, config.num_hidden_layers, config.num_attention_heads, config.vocab_size)
+        assert shape == (576, 30, 9, 49152), family  # SmolLM2's tokenizer fits every one
+    assert bench.TRANSFORMERS_PATH["TRITONLM_MODEL_PATH"] == "transformers"
+    assert "t" in bench.NAMES
