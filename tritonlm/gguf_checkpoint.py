@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import struct
 import sys
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def _write(file: Path, target: Path) -> None:
     try:
         config = AutoConfig.from_pretrained(file.parent, gguf_file=file.name)
         tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
-    except (ValueError, KeyError, NotImplementedError) as error:
+    except (ValueError, KeyError, NotImplementedError, struct.error, EOFError) as error:  # malformed too
         raise ConfigError(f"model_dir: {file} cannot be read as a model: {error}") from error
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ConfigError(f"model_dir: {file}: {config.model_type} is not a causal language model")

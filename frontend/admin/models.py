@@ -2,7 +2,9 @@
 generative models loaded and unloaded at run time with Triton's explicit model control.
 
 Loading writes the model's Triton models into the server's repository (MODEL_REPOSITORY, which the
-launcher sets; tritonlm/serving/repository.py) from a checkpoint under MODEL_ALLOWED_DIRS, and has
+launcher sets; tritonlm/serving/repository.py) from a checkpoint under MODEL_ALLOWED_DIRS (a
+directory with config.json, or a GGUF file or a directory holding one, whose checkpoint directory is
+written first, as MODEL_DIRS' are: tritonlm/gguf_checkpoint.py), and has
 every replica load them; meanwhile requests for the name get 503 with Retry-After. The answer comes
 when the model serves. Unloading takes the name away at once (new requests get 404 naming the
 models), waits until the requests running on it have finished, then unloads its Triton models. The
@@ -23,6 +25,7 @@ from frontend.engine_client.served import ModelTraits, ServedModel
 from frontend.errors import APIError, invalid_request
 from frontend.field_rules import resolved_under
 from frontend.models import served
+from tritonlm import gguf_checkpoint
 from tritonlm.config import ConfigError
 from tritonlm.serving import repository
 from tritonlm.serving.model_set import ModelSet, check_unique, prefix_for
@@ -52,7 +55,8 @@ def _check_new_name(request: Request, name: str) -> None:
 
 
 def _checkpoint(request: Request, model_dir: str) -> Path:
-    """`model_dir` resolved, when it is a checkpoint directory under MODEL_ALLOWED_DIRS."""
+    """`model_dir` resolved, when it is a checkpoint directory or a GGUF file under
+    MODEL_ALLOWED_DIRS."""
     roots = request.app.state.model_allowed_dirs
     try:
         resolved = resolved_under(model_dir, roots)
@@ -60,12 +64,25 @@ def _checkpoint(request: Request, model_dir: str) -> Path:
             allowed = ", ".join(str(root) for root in roots) or "none"
             message = f"model_dir: the path is outside MODEL_ALLOWED_DIRS ({allowed})"
             raise invalid_request(400, message, "model_dir")
-        if not (resolved / "config.json").is_file():
-            message = f"model_dir: no checkpoint at {model_dir!r} (a directory with config.json)"
+        if not (resolved / "config.json").is_file() and gguf_checkpoint.source(resolved) is None:
+            message = (
+                f"model_dir: no checkpoint at {model_dir!r} (a directory with config.json, or a GGUF file)"
+            )
             raise invalid_request(404, message, "model_dir")
+    except ConfigError as error:  # a directory of several GGUF files
+        raise invalid_request(400, str(error), "model_dir") from None
     except (OSError, ValueError, RuntimeError):  # NUL bytes, symlink loops, permissions
         raise invalid_request(400, "model_dir: the path cannot be read", "model_dir") from None
     return resolved
+
+
+async def _prepared(path: Path) -> Path:
+    """The directory to serve `path` from: itself, or a GGUF file's written checkpoint directory
+    (seconds, once per file)."""
+    try:
+        return await asyncio.to_thread(gguf_checkpoint.prepare, path)
+    except ConfigError as error:  # not a model transformers reads, or not a causal LM
+        raise invalid_request(400, str(error), "model_dir") from None
 
 
 def _model_set(request: Request, name: str, model_dir: Path) -> ModelSet:
@@ -120,7 +137,7 @@ async def load_model(model: str, body: LoadModelRequest, request: Request) -> di
     if not state.model_repository:
         raise invalid_request(400, "loading models is off: the server sets no MODEL_REPOSITORY", "model_dir")
     _check_new_name(request, model)
-    models = _model_set(request, model, _checkpoint(request, body.model_dir))
+    models = _model_set(request, model, await _prepared(_checkpoint(request, body.model_dir)))
     served_model = ServedModel(models, await _traits(request, models.model_dir), loading=True)
     state.served_models[model] = served_model  # requests for it: 503 until it serves
     await asyncio.shield(_serve(request, served_model))  # a client gone does not stop it halfway

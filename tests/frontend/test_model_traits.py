@@ -145,3 +145,30 @@ def test_a_model_loaded_at_run_time_reads_its_own_traits(dirs, tmp_path):
     assert r.status_code == 200, r.text
     assert c.app.state.served_models["seer"].traits == ModelTraits("hermes", "think", False, ("image",))
     assert c.app.state.served_models["plain"].traits.media_kinds == ()
+
+
+def test_a_gguf_file_loads_at_run_time_as_its_written_checkpoint(dirs, tmp_path, monkeypatch):
+    from gguf import GGMLQuantizationType
+    from gguf_helpers import write_llama_gguf
+
+    from tests.conftest import tiny_model
+    from tritonlm import gguf_checkpoint
+
+    monkeypatch.setattr(gguf_checkpoint, "CACHE", tmp_path / "written")
+    _, plain = dirs
+    files = tmp_path / "files"
+    files.mkdir()
+    gguf = write_llama_gguf(tiny_model(), files / "tiny.gguf", lambda name: GGMLQuantizationType.F32)
+    (files / "broken.gguf").write_bytes(b"GGUF but not really")
+    repository = tmp_path / "repository"
+    repository.mkdir()
+    config = FrontendConfig(model_dir=str(plain), embed_model_name="e", admin_api_key="k",
+                            model_repository=str(repository), model_allowed_dirs=(str(files),))  # fmt: skip
+    c = TestClient(create_app(config, triton=LoadingTriton()), raise_server_exceptions=False)
+    headers = {"Authorization": "Bearer k"}
+    r = c.post("/v1/models/tiny-file/load", json={"model_dir": str(gguf)}, headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.json()["root"] == str(gguf_checkpoint.prepare(gguf))  # under the cache, config.json beside it
+    r = c.post("/v1/models/broken/load", json={"model_dir": str(files / "broken.gguf")}, headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model_dir", r.text
+    assert "cannot be read as a model" in r.json()["error"]["message"]
