@@ -29,7 +29,8 @@ def step_batch(batch: SchedulerOutput) -> StepBatch:
         else:
             fed = fed_tokens(seq, p, p + n)
             assert len(fed) == n, f"{n} tokens scheduled, {len(fed)} to feed"
-        step.add(seq.uid, p, fed, seq.block_table, m, keep_all, request.lora)
+        slot = -1 if seq.state_slot is None else seq.state_slot
+        step.add(seq.uid, p, fed, seq.block_table, m, keep_all, request.lora, slot)
         if request.prompt_embeds is not None:
             embeds = request.prompt_embeds
             a, b = embeds.span(p, p + n)
