@@ -3,8 +3,8 @@ recurrent state in per-sequence slots (tritonlm/worker/recurrent_state.py): gree
 engine equal transformers `generate` on a random 2-layer checkpoint (one layer of each), for prompts
 of 1 to 40 tokens, staggered, in prefill chunks beside decodes, and with preemptions (the state
 rebuilt from the prompt and the output so far); the slots are handed out and taken back like blocks;
-what the state rules out is refused: the prefix cache set on and speculative decoding at start, beams
-and client drafts per request."""
+beams fork it; what the state rules out is refused: the prefix cache set on and speculative decoding
+at start, client drafts per request."""
 
 from __future__ import annotations
 
@@ -135,24 +135,41 @@ def test_the_prefix_cache_is_off_and_refused_when_set_on(fp32_model):
     assert fp32_runner(path, "sdpa", max_seq_len=MAX_SEQ_LEN, enable_prefix_caching=False).state_slots > 0
 
 
-def test_beams_and_drafts_are_refused_per_request(fp32_model):
+def test_client_drafts_are_refused_per_request(fp32_model):
     _, path = fp32_model
     tensors = {
         "input_ids": np.array([[5, 6, 7]], dtype=np.int32),
         "request_output_len": np.array([[4]], np.int32),
+        "draft_input_ids": np.array([[8, 9]], dtype=np.int32),
     }
-    beams = {**tensors, "beam_width": np.array([[2]], dtype=np.int32)}
-    drafts = {**tensors, "draft_input_ids": np.array([[8, 9]], dtype=np.int32)}
-    for asked, name in ((beams, "beam_width"), (drafts, "draft_input_ids")):
-        with pytest.raises(
-            InvalidRequest, match=f"^\\[invalid argument\\] {name}: this model keeps a recurrent state"
-        ):
-            parse_request(asked, 256, MAX_SEQ_LEN, recurrent_state=True)
-        parse_request(asked, 256, MAX_SEQ_LEN)  # a model without recurrent state serves it
+    refused = r"^\[invalid argument\] draft_input_ids: this model keeps a recurrent state"
+    with pytest.raises(InvalidRequest, match=refused):
+        parse_request(tensors, 256, MAX_SEQ_LEN, recurrent_state=True)
+    assert parse_request(tensors, 256, MAX_SEQ_LEN).draft is not None  # a model without recurrent state
     # The engine's own backstop, for a request built without the serving side's check.
     runner = fp32_runner(path, "sdpa", max_seq_len=MAX_SEQ_LEN)
-    with pytest.raises(ValueError, match="^beam_width: this model keeps a recurrent state"):
-        Engine(runner, lambda seq, n: None).add(request([5, 6, 7], 4, SamplingParams(), beam_width=2))
+    with pytest.raises(ValueError, match="^draft_input_ids: this model keeps a recurrent state"):
+        Engine(runner, lambda seq, n: None).add(parse_request(tensors, 256, MAX_SEQ_LEN))
+
+
+def test_beams_equal_generate(fp32_model):
+    """Each fork copies its parent's state into a slot of its own."""
+    model, path = fp32_model
+    prompt = prompts()[0]
+    width, new = 3, MAX_SEQ_LEN - len(prompt)
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), num_beams=width, num_return_sequences=width, do_sample=False,
+            max_new_tokens=new, early_stopping=True, eos_token_id=0, pad_token_id=0,
+        )  # fmt: skip
+    expected = []
+    for row in out:
+        tokens = row[len(prompt) :].tolist()
+        expected.append(tokens[: tokens.index(0) + 1] if 0 in tokens else tokens)
+    runner = fp32_runner(path, "sdpa", max_seq_len=MAX_SEQ_LEN, max_num_seqs=4, max_num_batched_tokens=16)
+    engine, (seq,) = run_all(runner, [request(prompt, new, SamplingParams(end_id=0), beam_width=width)])
+    assert [b.tokens for b in seq.group.results] == expected
+    assert sorted(engine.blocks.free_states) == [0, 1, 2, 3]
 
 
 def test_decodes_with_state_run_as_one_batch():
@@ -174,8 +191,12 @@ def test_a_sequence_holds_a_state_slot_while_it_runs():
         bm.allocate(seq, [])
         bm.append_slots(seq, 3)
     assert {a.state_slot, b.state_slot} == {0, 1}
+    a_slot = a.state_slot
     assert not bm.can_allocate(c, [], 3)  # blocks are free, slots are not: not admitted
+    assert not bm.can_fork
     bm.free(a)  # finished or preempted: its slot goes back with its blocks
     assert a.state_slot is None and bm.can_allocate(c, [], 3)
+    bm.fork(b, c)  # a beam: a slot of its own, its parent's state copied in before the next step
+    assert bm.take_pending_state_copies() == [(b.state_slot, c.state_slot)] and c.state_slot == a_slot
     with pytest.raises(ValueError, match="prefix-cache hit cannot restore recurrent state"):
         BlockManager(8, 4, enable_prefix_caching=True, state_slots=2)

@@ -40,8 +40,10 @@ Recurrent state (`state_slots`: a model with linear-attention layers, `step.Work
 beside its blocks, a running sequence holds one slot of the worker's recurrent state, taken when it
 is allocated (no free slot: it is not admitted, `can_allocate`) and given back with its blocks
 (`free`: it finished, or it was preempted and will be recomputed from position 0, its state rebuilt).
-Such a state cannot be restored from the prefix cache, rolled back or shared: the worker's model
-runs with the prefix cache off, and `fork` and `rollback` of a proposal refuse it.
+A `fork` (a beam) takes a slot of its own and queues the copy of its parent's state into it
+(`pending_state_copies`, applied by the worker in order before the next forward, like block
+copies). Such a state cannot be restored from the prefix cache or rolled back: the worker's model
+runs with the prefix cache off, and `rollback` of a proposal refuses it.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ class BlockManager:
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet applied
         self.state_slots = state_slots
         self.free_states = list(range(state_slots - 1, -1, -1))  # a stack (low ids first)
+        self.pending_state_copies: list[tuple[int, int]] = []  # forks' (parent slot, child slot)
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -258,13 +261,25 @@ class BlockManager:
         """The child shares every block of the parent (reference counts + 1) and continues from the
         same point; a write into a shared, partially filled block copies it first."""
         assert not child.block_table, "fork into a sequence without blocks"
-        assert not self.state_slots, "a recurrent state is not shared: beams are refused for such a model"
+        if self.state_slots:
+            assert parent.state_slot is not None and self.free_states, "a fork needs a free state slot"
+            child.state_slot = self.free_states.pop()
+            self.pending_state_copies.append((parent.state_slot, child.state_slot))
         for block in parent.block_table:
             if block != self.null_block:
                 self.ref_count[block] += 1
         child.block_table = list(parent.block_table)
         child.num_computed = parent.num_computed
         child.block_hashes = list(parent.block_hashes)
+
+    @property
+    def can_fork(self) -> bool:
+        """Whether a fork finds what it takes besides shared blocks (a free state slot, if any)."""
+        return not self.state_slots or bool(self.free_states)
+
+    def take_pending_state_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_state_copies = self.pending_state_copies, []
+        return copies
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []

@@ -94,9 +94,7 @@ class Engine:
         caller refuses it). A guided request joins the queue once its grammar is compiled (at once
         when cached), others go on meanwhile; it fails alone if the guide is bad. A request its
         model cannot serve exactly (`recurrent_refusal`) is a ValueError (serving refuses it first)."""
-        if self.runner.state_slots and (
-            why := recurrent_refusal(request.beam_width, request.draft is not None)
-        ):
+        if self.runner.state_slots and (why := recurrent_refusal(request.draft is not None)):
             raise ValueError(why)
         guide = request.guide
         seq = Sequence.start(
@@ -202,4 +200,5 @@ class Engine:
         # Blocks registered for the failed step may hold garbage: forget every cached prefix.
         self.blocks.reset_prefix_cache()
         self.blocks.take_pending_copies()
+        self.blocks.take_pending_state_copies()
         self.runner.reset()

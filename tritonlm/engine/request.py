@@ -140,13 +140,11 @@ class Request:
         return self.params.return_context_logits or self.params.return_prompt_log_probs
 
 
-def recurrent_refusal(beam_width: int, draft: bool) -> str:
+def recurrent_refusal(draft: bool) -> str:
     """Why a model that keeps a recurrent state per sequence (linear-attention layers) cannot serve
-    a request with `beam_width` and client `draft` tokens exactly ("" when it can): beams would fork
-    the state, and rejected drafts would need it rolled back."""
+    a request with client `draft` tokens exactly ("" when it can): rejected drafts would need the
+    state rolled back."""
     keeps = "this model keeps a recurrent state per sequence (linear-attention layers)"
-    if beam_width > 1:
-        return f"beam_width: {keeps}, which beams would have to fork; beam search is not served for it"
     if draft:
         return f"draft_input_ids: {keeps}, which rejected drafts would have to roll back; send none"
     return ""

@@ -20,7 +20,7 @@ def fed_tokens(seq: Sequence, start: int, end: int) -> list[int]:
 
 def step_batch(batch: SchedulerOutput) -> StepBatch:
     """What the worker runs of `batch` (before the sequences' `num_computed` advance)."""
-    step = StepBatch(copies=batch.copies)
+    step = StepBatch(copies=batch.copies, state_copies=batch.state_copies)
     pairs = zip(batch.seqs, batch.num_new, batch.num_logits, batch.prompt_logits, strict=True)
     for i, (seq, n, m, keep_all) in enumerate(pairs):
         p, request = seq.num_computed, seq.request

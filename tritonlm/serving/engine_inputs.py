@@ -69,7 +69,7 @@ def parse_request(
     `adapters`: where the request's LoRA adapter comes from; it is acquired last, once everything
     else is valid, and the caller releases it when the request is over.
     `hidden_size`: the model's, which prompt-table rows must have (None: not checked).
-    `recurrent_state`: the model keeps a recurrent state per sequence (beams and drafts refused)."""
+    `recurrent_state`: the model keeps a recurrent state per sequence (client drafts refused)."""
     reader = RequestTensors(tensors, contract.ENGINE_INPUTS)
     beams = read_beams(reader)
     prompt = read_prompt(reader, vocab_size, max_seq_len, hidden_size)
@@ -82,7 +82,7 @@ def parse_request(
     priority = read_priority(reader, by_priority)
     check_combinations(reader, beams, params, stops, guide, prompt, streaming)
     if recurrent_state:
-        why = recurrent_refusal(beams.width, draft is not None)
+        why = recurrent_refusal(draft is not None)
         _check(not why, why)
     lora = acquire_adapter(tensors, adapters)  # last: a request refused after it would hold it
     return Request(

@@ -26,8 +26,9 @@ class StepBatch:
     read. The model returns the logits of its last `num_logits[i]` new tokens, and with
     `prompt_logits[i]` those of all of them. For a model with recurrent layers
     (`Worker.state_slots`), `state_slots[i]` is the sequence's slot of recurrent state, which a
-    first chunk (`num_computed[i]` 0) starts afresh and later steps continue; -1 otherwise. Lists are
-    read, never changed, by the worker."""
+    first chunk (`num_computed[i]` 0) starts afresh and later steps continue; -1 otherwise; the
+    slot pairs `state_copies` (a fork's parent, child) are copied first, in order. Lists are read,
+    never changed, by the worker."""
 
     seq_ids: list[int] = field(default_factory=list)  # stable per sequence across steps
     num_computed: list[int] = field(default_factory=list)
@@ -40,6 +41,7 @@ class StepBatch:
     embeds: dict[int, EmbedRows] = field(default_factory=dict)  # sequence index -> its rows
     copies: list[tuple[int, int]] = field(default_factory=list)
     state_slots: list[int] = field(default_factory=list)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.seq_ids)

@@ -164,6 +164,8 @@ class ModelRunner:
         num_new = work.num_new
         if work.copies:
             self.attention.copy_blocks(work.copies)
+        if work.state_copies:
+            self.recurrent.copy_slots(work.state_copies)
         step = step_inputs.build(work, self.attention)
         keep, spans, all_rows = _logits_rows(step.order, num_new, work.num_logits, work.prompt_logits)
         loras = work.loras

@@ -7,7 +7,8 @@ value head, updated by the gated delta rule at every token). They live here in s
 per layer `conv[slots, conv_dim, kernel]` (the model's dtype) and `recurrent[slots, v_heads, k_dim,
 v_dim]` (fp32, as transformers keeps it), beside the paged KV cache of the attention layers; the
 engine gives each running sequence a slot when it is admitted and takes it back when the sequence
-finishes or is preempted (`engine.block_manager`), and the runner sizes the KV cache after taking
+finishes or is preempted, and a beam forked from another a slot with its parent's state copied in
+(`copy_slots`; `engine.block_manager`), and the runner sizes the KV cache after taking
 their bytes out of its memory (`ModelRunner`).
 
 transformers' layer reads its own cache with one sequence per batch row; ours (`_layer_forward`,
@@ -96,6 +97,13 @@ class RecurrentState:
             self.conv[layer.layer_idx] = torch.zeros(shape, dtype=dtype, device=self.device)
             shape = (num_slots, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim)
             self.recurrent[layer.layer_idx] = torch.zeros(shape, dtype=torch.float32, device=self.device)
+
+    def copy_slots(self, pairs: list[tuple[int, int]]) -> None:
+        """Copies each (source, destination) slot's state in every layer, in order (a fork's child
+        gets its parent's)."""
+        for source, destination in pairs:
+            for pool in (*self.conv.values(), *self.recurrent.values()):
+                pool[destination] = pool[source]
 
     def memory_bytes(self) -> int:
         return self.num_slots * self.bytes_per_slot()
