@@ -132,7 +132,17 @@ def test_the_prefix_cache_is_off_and_refused_when_set_on(fp32_model):
         fp32_runner(path, "sdpa", max_seq_len=MAX_SEQ_LEN, enable_prefix_caching=True)
     with pytest.raises(ConfigError, match="^speculative_model: Qwen3NextForCausalLM keeps a recurrent state"):
         fp32_runner(path, "sdpa", max_seq_len=MAX_SEQ_LEN, speculative_model="[ngram]")
-    assert fp32_runner(path, "sdpa", max_seq_len=MAX_SEQ_LEN, enable_prefix_caching=False).state_slots > 0
+    runner = fp32_runner(path, "sdpa", max_seq_len=MAX_SEQ_LEN, enable_prefix_caching=False)
+    # Per slot: the last 4 conv inputs (the kernel width), fp32 here, and a 16x16 fp32 matrix per value head.
+    conv_dim = 2 * 2 * 16 + 4 * 16
+    assert runner.recurrent.bytes_per_slot() == conv_dim * 4 * 4 + 4 * 16 * 16 * 4
+    assert runner.recurrent.memory_bytes() == runner.state_slots * runner.recurrent.bytes_per_slot()
+
+
+def test_the_state_slots_memory_comes_out_of_the_kv_cache_budget(tmp_path):
+    config = EngineConfig(str(tmp_path), max_seq_len=48, kv_cache_memory_fraction=1.0)
+    assert config.kv_cache_size(100, "cuda", 10_000).kv_cache_blocks == 100
+    assert config.kv_cache_size(100, "cuda", 10_000, reserved_bytes=5_000).kv_cache_blocks == 50
 
 
 def test_client_drafts_are_refused_per_request(fp32_model):

@@ -24,6 +24,7 @@ state, so a model with such layers runs without the prefix cache (`model_support
 from __future__ import annotations
 
 import contextlib
+import importlib
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ class RecurrentState:
         self.num_slots = 0
         self.spans: list[Span] | None = None  # this step's, set by `step`
         for layer in self.layers:
-            ops = __import__(SERVED_LAYERS[type(layer).__name__], fromlist=["_"])
+            ops = importlib.import_module(SERVED_LAYERS[type(layer).__name__])  # its torch functions
             layer.forward = types.MethodType(_layer_forward(self, ops), layer)
 
     def __bool__(self) -> bool:
