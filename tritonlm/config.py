@@ -107,8 +107,12 @@ class EngineConfig:
         "launcher sets it from MODEL_KV_SHARES)",
         check=_fraction(low_open=True),
     )
-    enable_prefix_caching: bool = setting(
-        True, "reuse the KV cache of prompt prefixes seen before (`cached_tokens` in the responses)"
+    enable_prefix_caching: bool | None = setting(
+        None,
+        "reuse the KV cache of prompt prefixes seen before (`cached_tokens` in the responses); unset: on, "
+        "except for a model with recurrent layers (Qwen3-Next), whose state a prefix hit cannot restore: "
+        "off there, and `true` refused",
+        shown="`true`",
     )
     max_queue_size: int = setting(
         256,
@@ -260,9 +264,12 @@ class EngineConfig:
             return self
         return replace(self, max_seq_len=min(checkpoint_max_positions(self.model_dir), MAX_SEQ_LEN_CAP))
 
-    def kv_cache_size(self, bytes_per_block: int, device_type: str, free_bytes: int) -> EngineConfig:
+    def kv_cache_size(
+        self, bytes_per_block: int, device_type: str, free_bytes: int, reserved_bytes: int = 0
+    ) -> EngineConfig:
         """With `kv_cache_blocks` resolved: as set, else the memory fraction (the platform's default
-        when unset) of `free_bytes` (the platform's `free_memory` after loading the model), on a
+        when unset) of `free_bytes` (the platform's `free_memory` after loading the model) less
+        `reserved_bytes` (what the cache shares that memory with: recurrent-state slots), on a
         platform whose pages are only touched as blocks come into use (CPU) capped at 2 × max_num_seqs
         × max_seq_len tokens. Fails when the cache cannot hold one max_seq_len sequence. Call on a
         resolved config."""
@@ -272,7 +279,7 @@ class EngineConfig:
         if not blocks:
             platform = platforms.platform_class(device_type)
             fraction = self.kv_cache_memory_fraction or platform.kv_memory_fraction
-            budget = fraction * self.kv_cache_share * free_bytes
+            budget = fraction * self.kv_cache_share * free_bytes - reserved_bytes
             if platform.kv_capped_by_use:
                 budget = min(
                     budget, 2 * self.max_num_seqs * self.max_seq_len // self.block_size * bytes_per_block

@@ -53,6 +53,7 @@ class ArgmaxWorker:
         self.config = EngineConfig("unused", max_seq_len=64, kv_cache_blocks=32, max_num_seqs=4)
         self.vocab_size, self.device, self.dtype = VOCAB, torch.device("cpu"), torch.float32
         self.kv_window = None
+        self.state_slots = 0
         self.favourite = favourite
         self.steps: list[StepBatch] = []
 

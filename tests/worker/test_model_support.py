@@ -37,6 +37,7 @@ from transformers import (
     Phi3Config,
     Qwen2AudioConfig,
     Qwen2Config,
+    Qwen3_5TextConfig,
     Qwen3Config,
     Qwen3MoeConfig,
     Qwen3NextConfig,
@@ -61,9 +62,10 @@ def refusal(config, max_seq_len: int = 64) -> str:
 
 
 REFUSED = {
-    "qwen3-next": (
-        Qwen3NextConfig(**SMALL, **HEAD, num_experts=4, num_experts_per_tok=2, full_attention_interval=2),
-        "Qwen3NextForCausalLM",
+    # the same layer kind as Qwen3-Next's, in another family: its state is not assumed to be kept alike
+    "qwen3.5": (
+        Qwen3_5TextConfig(**SMALL, **HEAD, layer_types=["linear_attention", "full_attention"]),
+        "Qwen3_5ForCausalLM",
         "linear_attention: 1 of 2 layers",
     ),
     "lfm2": (Lfm2Config(**SMALL, layer_types=["conv", "full_attention"]), "Lfm2ForCausalLM", "conv: 1 of 2"),
@@ -143,6 +145,10 @@ SERVED = {
     "olmo 2": Olmo2Config(**SMALL),
     "granite": GraniteConfig(**SMALL),
     "qwen3-moe": Qwen3MoeConfig(**SMALL, **HEAD, num_experts=4, num_experts_per_tok=2),
+    # linear-attention layers, their state kept (worker/recurrent_state.py)
+    "qwen3-next": Qwen3NextConfig(
+        **SMALL, **HEAD, num_experts=4, num_experts_per_tok=2, full_attention_interval=2
+    ),
     "mixtral": MixtralConfig(**SMALL, num_local_experts=4),
     "gpt-neox": GPTNeoXConfig(**SMALL),
     "gpt-2": GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256),
@@ -197,6 +203,10 @@ def test_the_probe_says_what_the_layers_hand_the_attention_function():
     for feature, what, handed in checks:
         assert what in model_support.check_probe(config, handed, 64)[feature]
     assert model_support.check_probe(config, {0: {"sliding_window": 64}, 1: {}}, 64) == {}  # never binds
+    # Qwen3-Next's linear-attention layers never call it: their state is kept (recurrent_layers)
+    qwen3_next = SERVED["qwen3-next"]
+    assert model_support.recurrent_layers(qwen3_next) == [0]
+    assert model_support.check_probe(qwen3_next, {1: {}}, 64) == {}
     silent = "^LlamaForCausalLM is not served exactly: 1 of 2 layers that never"
     with pytest.raises(ConfigError, match=silent):
         model_support.check_probe(config, {0: {}}, 64)

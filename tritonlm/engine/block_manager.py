@@ -35,6 +35,15 @@ the position after the one the step started at, and a preempted sequence is reco
 position 0 with fresh blocks. A released block keeps its prefix-cache key (evictable, as after
 `free`): a prefix hit always restores a whole chain of blocks from position 0, whose contents
 depend only on their tokens; `allocate` takes only the hits inside the window of its first query.
+
+Recurrent state (`state_slots`: a model with linear-attention layers, `step.Worker.state_slots`):
+beside its blocks, a running sequence holds one slot of the worker's recurrent state, taken when it
+is allocated (no free slot: it is not admitted, `can_allocate`) and given back with its blocks
+(`free`: it finished, or it was preempted and will be recomputed from position 0, its state rebuilt).
+A `fork` (a beam) takes a slot of its own and queues the copy of its parent's state into it
+(`pending_state_copies`, applied by the worker in order before the next forward, like block
+copies). Such a state cannot be restored from the prefix cache or rolled back: the worker's model
+runs with the prefix cache off, and `rollback` of a proposal refuses it.
 """
 
 from __future__ import annotations
@@ -66,11 +75,16 @@ class BlockManager:
         block_size: int,
         enable_prefix_caching: bool = True,
         window: int | None = None,
+        state_slots: int = 0,
     ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need at least one block of at least one token, got {num_blocks}×{block_size}")
         if window is not None and window < 1:
             raise ValueError(f"a sliding window covers at least one position, got {window}")
+        if state_slots and enable_prefix_caching:
+            raise ValueError(
+                "a prefix-cache hit cannot restore recurrent state: no prefix cache with state slots"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -82,6 +96,9 @@ class BlockManager:
         self.free_plain = list(range(num_blocks - 1, -1, -1))  # unused, no key; a stack (low ids first)
         self.evictable: OrderedDict[int, None] = OrderedDict()  # unused, with a key; oldest first
         self.pending_copies: list[tuple[int, int]] = []  # copy-on-write (src, dst) not yet applied
+        self.state_slots = state_slots
+        self.free_states = list(range(state_slots - 1, -1, -1))  # a stack (low ids first)
+        self.pending_state_copies: list[tuple[int, int]] = []  # forks' (parent slot, child slot)
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -138,7 +155,10 @@ class BlockManager:
         return hits
 
     def can_allocate(self, seq: Sequence, hits: list[int], num_new: int) -> bool:
-        """Whether `seq` can take the cached blocks `hits` plus blocks for `num_new` tokens after them."""
+        """Whether `seq` can take the cached blocks `hits` plus blocks for `num_new` tokens after them
+        (and a recurrent-state slot, for a model with recurrent layers)."""
+        if self.state_slots and not self.free_states:
+            return False
         live = hits[self.behind_window(len(hits) * self.block_size) :]
         taken = sum(1 for b in live if self.ref_count[b] == 0)  # cached but unused: counted as free now
         total = -(-(len(hits) * self.block_size + num_new) // self.block_size)
@@ -150,6 +170,9 @@ class BlockManager:
         number of tokens they hold, which become `seq.num_computed`. Hits behind the window of its
         first query are not taken (`null_block` in their place)."""
         assert not seq.block_table, "allocate is for a sequence without blocks"
+        if self.state_slots:
+            assert seq.state_slot is None, "a sequence holds one state slot"
+            seq.state_slot = self.free_states.pop()
         dead = self.behind_window(len(hits) * self.block_size)
         for block in hits[dead:]:
             if self.ref_count[block] == 0:
@@ -201,6 +224,9 @@ class BlockManager:
                 self._release(block)
         seq.block_table = []
         seq.num_computed = 0
+        if seq.state_slot is not None:
+            self.free_states.append(seq.state_slot)
+            seq.state_slot = None
 
     def slide(self, seq: Sequence) -> None:
         """Releases `seq`'s blocks behind the window of its next query (`seq.num_computed`): their
@@ -221,6 +247,7 @@ class BlockManager:
         must already be in `seq.output_ids`."""
         keep = seq.num_computed - num_tokens
         assert 0 <= num_tokens <= seq.num_computed, f"cannot roll {num_tokens} tokens back"
+        assert not (num_tokens and self.state_slots), "a recurrent state cannot be rolled back"
         # Registered (or cache-hit) blocks are shared, read-only prefixes: positions after `keep`
         # will be written again, so none of them may lie in such a block.
         assert keep >= len(seq.block_hashes) * self.block_size, "rollback into a prefix-cached block"
@@ -234,12 +261,25 @@ class BlockManager:
         """The child shares every block of the parent (reference counts + 1) and continues from the
         same point; a write into a shared, partially filled block copies it first."""
         assert not child.block_table, "fork into a sequence without blocks"
+        if self.state_slots:
+            assert parent.state_slot is not None and self.free_states, "a fork needs a free state slot"
+            child.state_slot = self.free_states.pop()
+            self.pending_state_copies.append((parent.state_slot, child.state_slot))
         for block in parent.block_table:
             if block != self.null_block:
                 self.ref_count[block] += 1
         child.block_table = list(parent.block_table)
         child.num_computed = parent.num_computed
         child.block_hashes = list(parent.block_hashes)
+
+    @property
+    def can_fork(self) -> bool:
+        """Whether a fork finds what it takes besides shared blocks (a free state slot, if any)."""
+        return not self.state_slots or bool(self.free_states)
+
+    def take_pending_state_copies(self) -> list[tuple[int, int]]:
+        copies, self.pending_state_copies = self.pending_state_copies, []
+        return copies
 
     def take_pending_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []

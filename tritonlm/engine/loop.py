@@ -31,7 +31,7 @@ from collections.abc import Callable
 from tritonlm.engine.beam_group import BeamGroup
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.output_processor import OutputCallback, OutputProcessor, request_of
-from tritonlm.engine.request import Request
+from tritonlm.engine.request import Request, recurrent_refusal
 from tritonlm.engine.scheduler import Scheduler
 from tritonlm.engine.sequence import Sequence, Status
 from tritonlm.engine.speculator import Speculator
@@ -57,8 +57,9 @@ class Engine:
         self.blocks = BlockManager(
             config.kv_cache_blocks,
             config.block_size,
-            config.enable_prefix_caching,
+            config.enable_prefix_caching is not False,  # None: unresolved, the default (on)
             window=runner.kv_window,
+            state_slots=runner.state_slots,
         )
         self.scheduler = Scheduler(
             self.blocks,
@@ -91,7 +92,10 @@ class Engine:
     def add(self, request: Request, is_cancelled: Callable[[], bool] | None = None) -> Sequence | None:
         """Queues a request and returns its sequence; None when the waiting queue is full (the
         caller refuses it). A guided request joins the queue once its grammar is compiled (at once
-        when cached), others go on meanwhile; it fails alone if the guide is bad."""
+        when cached), others go on meanwhile; it fails alone if the guide is bad. A request its
+        model cannot serve exactly (`recurrent_refusal`) is a ValueError (serving refuses it first)."""
+        if self.runner.state_slots and (why := recurrent_refusal(request.draft is not None)):
+            raise ValueError(why)
         guide = request.guide
         seq = Sequence.start(
             request,
@@ -196,4 +200,5 @@ class Engine:
         # Blocks registered for the failed step may hold garbage: forget every cached prefix.
         self.blocks.reset_prefix_cache()
         self.blocks.take_pending_copies()
+        self.blocks.take_pending_state_copies()
         self.runner.reset()

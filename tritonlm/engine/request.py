@@ -138,3 +138,13 @@ class Request:
     def needs_prompt_logits(self) -> bool:
         """The logits of every prompt position are wanted (so no prefix-cache reuse)."""
         return self.params.return_context_logits or self.params.return_prompt_log_probs
+
+
+def recurrent_refusal(draft: bool) -> str:
+    """Why a model that keeps a recurrent state per sequence (linear-attention layers) cannot serve
+    a request with client `draft` tokens exactly ("" when it can): rejected drafts would need the
+    state rolled back."""
+    keeps = "this model keeps a recurrent state per sequence (linear-attention layers)"
+    if draft:
+        return f"draft_input_ids: {keeps}, which rejected drafts would have to roll back; send none"
+    return ""

@@ -55,12 +55,14 @@ from tritonlm.engine.sequence import Sequence, Status
 @dataclass
 class SchedulerOutput:
     """One step's work: feed `num_new[i]` tokens of `seqs[i]` (after copying the copy-on-write
-    block pairs `copies`); sample those with `sample[i]`."""
+    block pairs `copies`, and the recurrent-state slot pairs `state_copies`, in order); sample those
+    with `sample[i]`."""
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def sample(self) -> list[bool]:
@@ -171,7 +173,7 @@ class Scheduler:
         """Starts `child`, a copy of `parent` about to diverge from it (a beam), sharing the parent's
         KV blocks (copy-on-write); with no running place, or a parent without blocks (preempted),
         it waits first in line instead, to be recomputed (mostly from the prefix cache)."""
-        if parent.block_table and len(self.running) < self.max_num_seqs:
+        if parent.block_table and len(self.running) < self.max_num_seqs and self.blocks.can_fork:
             self.blocks.fork(parent, child)
             child.status = Status.RUNNING
             self._place(self.running, child)
@@ -257,6 +259,7 @@ class Scheduler:
             budget -= n
             self.blocks.cache_full_blocks(seq, seq.num_computed + n)
         batch.copies = self.blocks.take_pending_copies()
+        batch.state_copies = self.blocks.take_pending_state_copies()
         return batch
 
     def _make_room(self, batch: SchedulerOutput) -> None:

@@ -109,6 +109,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0
     block_hashes: list[int] = field(default_factory=list)
+    # Its recurrent-state slot while it runs, for a model with recurrent layers (None: none held).
+    state_slot: int | None = None
     num_preemptions: int = 0
     # Proposed tokens (e.g. draft tokens to verify) that follow prompt + output for one step: a
     # decoding sequence then feeds its pending token and these together. They are never part of the

@@ -20,7 +20,7 @@ def fed_tokens(seq: Sequence, start: int, end: int) -> list[int]:
 
 def step_batch(batch: SchedulerOutput) -> StepBatch:
     """What the worker runs of `batch` (before the sequences' `num_computed` advance)."""
-    step = StepBatch(copies=batch.copies)
+    step = StepBatch(copies=batch.copies, state_copies=batch.state_copies)
     pairs = zip(batch.seqs, batch.num_new, batch.num_logits, batch.prompt_logits, strict=True)
     for i, (seq, n, m, keep_all) in enumerate(pairs):
         p, request = seq.num_computed, seq.request
@@ -29,7 +29,8 @@ def step_batch(batch: SchedulerOutput) -> StepBatch:
         else:
             fed = fed_tokens(seq, p, p + n)
             assert len(fed) == n, f"{n} tokens scheduled, {len(fed)} to feed"
-        step.add(seq.uid, p, fed, seq.block_table, m, keep_all, request.lora)
+        slot = -1 if seq.state_slot is None else seq.state_slot
+        step.add(seq.uid, p, fed, seq.block_table, m, keep_all, request.lora, slot)
         if request.prompt_embeds is not None:
             embeds = request.prompt_embeds
             a, b = embeds.span(p, p + n)

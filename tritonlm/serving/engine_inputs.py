@@ -16,7 +16,7 @@ import torch
 from tritonlm import contract
 from tritonlm.contract import Bounds
 from tritonlm.engine.prompt_table import table_embeds
-from tritonlm.engine.request import DraftTokens, Guide, PromptEmbeds, Request
+from tritonlm.engine.request import DraftTokens, Guide, PromptEmbeds, Request, recurrent_refusal
 from tritonlm.errors import InvalidRequest, prompt_too_long
 from tritonlm.lora.adapter import LoraAdapter
 from tritonlm.lora.store import LORA_TENSORS, LoraStore
@@ -61,13 +61,15 @@ def parse_request(
     adapters: LoraStore | None = None,
     hidden_size: int | None = None,
     by_priority: bool = False,
+    recurrent_state: bool = False,
 ) -> Request:
     """`text_wanted`: the client asked for text outputs (the engine then makes them as it goes).
     `by_priority`: the engine schedules by priority (scheduling_policy priority), else a request's
     priority must be 0.
     `adapters`: where the request's LoRA adapter comes from; it is acquired last, once everything
     else is valid, and the caller releases it when the request is over.
-    `hidden_size`: the model's, which prompt-table rows must have (None: not checked)."""
+    `hidden_size`: the model's, which prompt-table rows must have (None: not checked).
+    `recurrent_state`: the model keeps a recurrent state per sequence (client drafts refused)."""
     reader = RequestTensors(tensors, contract.ENGINE_INPUTS)
     beams = read_beams(reader)
     prompt = read_prompt(reader, vocab_size, max_seq_len, hidden_size)
@@ -79,6 +81,9 @@ def parse_request(
     streaming = reader.flag("streaming")
     priority = read_priority(reader, by_priority)
     check_combinations(reader, beams, params, stops, guide, prompt, streaming)
+    if recurrent_state:
+        why = recurrent_refusal(draft is not None)
+        _check(not why, why)
     lora = acquire_adapter(tensors, adapters)  # last: a request refused after it would hold it
     return Request(
         lora=lora,

@@ -135,6 +135,7 @@ class EngineService:
                     adapters=self.adapters,
                     hidden_size=self.runner.hidden_size,
                     by_priority=self.runner.config.scheduling_policy == "priority",
+                    recurrent_state=self.runner.state_slots > 0,
                 )
             except InvalidRequest as error:
                 sender.send(

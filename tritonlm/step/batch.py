@@ -24,7 +24,11 @@ class StepBatch:
     equal to the cache's block count (`kv_cache_blocks`) is a block released behind every layer's
     sliding window (`Worker.kv_window`): the pool's zero null block, which only masked positions
     read. The model returns the logits of its last `num_logits[i]` new tokens, and with
-    `prompt_logits[i]` those of all of them. Lists are read, never changed, by the worker."""
+    `prompt_logits[i]` those of all of them. For a model with recurrent layers
+    (`Worker.state_slots`), `state_slots[i]` is the sequence's slot of recurrent state, which a
+    first chunk (`num_computed[i]` 0) starts afresh and later steps continue; -1 otherwise; the
+    slot pairs `state_copies` (a fork's parent, child) are copied first, in order. Lists are read,
+    never changed, by the worker."""
 
     seq_ids: list[int] = field(default_factory=list)  # stable per sequence across steps
     num_computed: list[int] = field(default_factory=list)
@@ -36,6 +40,8 @@ class StepBatch:
     loras: list[object | None] = field(default_factory=list)  # a LoRA adapter handle, or None
     embeds: dict[int, EmbedRows] = field(default_factory=dict)  # sequence index -> its rows
     copies: list[tuple[int, int]] = field(default_factory=list)
+    state_slots: list[int] = field(default_factory=list)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.seq_ids)
@@ -49,6 +55,7 @@ class StepBatch:
         num_logits: int,
         prompt_logits: bool = False,
         lora: object | None = None,
+        state_slot: int = -1,
     ) -> None:
         """Appends one sequence's work."""
         self.seq_ids.append(seq_id)
@@ -59,3 +66,4 @@ class StepBatch:
         self.num_logits.append(num_logits)
         self.prompt_logits.append(prompt_logits)
         self.loras.append(lora)
+        self.state_slots.append(state_slot)

@@ -37,6 +37,9 @@ class Worker(Protocol):
     # before its position minus this, so the engine releases blocks wholly that far behind
     # (`BlockManager.slide`). None when some layer attends to the whole sequence: nothing is released.
     kv_window: int | None
+    # Recurrent-state slots (a model with linear-attention layers: one per running sequence, which
+    # the engine hands out like blocks, `StepBatch.state_slots`); 0 for a model without such layers.
+    state_slots: int
 
     def execute(self, step: StepBatch) -> ModelOutput: ...
 

@@ -18,6 +18,7 @@ the step, else through transformers' modules."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
@@ -41,6 +42,7 @@ from tritonlm.worker.attention.base import LayerRule, LayerShape, kv_window
 from tritonlm.worker.decode_graph import DecodeGraphs
 from tritonlm.worker.model_paths.base import ForwardInputs
 from tritonlm.worker.model_paths.generic import TransformersPath
+from tritonlm.worker.recurrent_state import RecurrentState
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,10 @@ class ModelRunner:
         # What no backend serves is refused before the weights load; what the attention needs
         # (a window, soft-capping, sinks) picks a backend that computes it.
         needs = model_support.check_config(checkpoint, config.max_seq_len)
+        if model_support.recurrent_layers(checkpoint):
+            config = model_support.recurrent_settings(config, model_support.architecture(checkpoint))
+        elif config.enable_prefix_caching is None:
+            config = replace(config, enable_prefix_caching=True)
         self.platform = platforms.resolve(config.device)
         self.device = self.platform.device
         quantize.check(config.quantization, config.model_dir, self.platform.name)
@@ -65,6 +71,8 @@ class ModelRunner:
         if config.fuse_projections and fused.fuse(self.model):
             self.attention.on_fused_projections()
         fused.hold_quantized(self.model)
+        # Linear-attention layers' forwards over their state slots (none: a model without them).
+        self.recurrent = RecurrentState(self.model, self.device)
         self.generic = TransformersPath(self.model, self.device)
         self.lora = self.generic.lora
         self.fast_path = model_paths.fast_path(config.model_path, self.model, self.attention, self.platform)
@@ -79,21 +87,29 @@ class ModelRunner:
         rules = {layer: LayerRule.of(kw, config.max_seq_len) for layer, kw in self.attention.handed.items()}
         self.kv_window = kv_window(rules) if "sliding_window" in backend.computes else None
         # The resolved settings: max_seq_len and kv_cache_blocks are now concrete numbers.
+        # One recurrent-state slot per running sequence, its memory taken out of the KV cache's.
+        self.state_slots = config.max_num_seqs if self.recurrent else 0
         self.config = config.kv_cache_size(
-            self.attention.bytes_per_block(shapes), self.platform.name, self.platform.free_memory()
+            self.attention.bytes_per_block(shapes),
+            self.platform.name,
+            self.platform.free_memory(),
+            reserved_bytes=self.state_slots * self.recurrent.bytes_per_slot(),
         )
         self.attention.allocate(
             self.config.kv_cache_blocks, shapes, self.config.max_num_seqs, self.config.max_seq_len
         )
+        self.recurrent.allocate(self.state_slots)
         self.decode_graphs = self._decode_graphs() if self.config.decode_graphs else None
         log.info(
-            "engine settings: %s (device %s, dtype %s, attention %s, model path %s, KV cache %.1f MiB)",
+            "engine settings: %s (device %s, dtype %s, attention %s, model path %s, KV cache %.1f MiB, "
+            "recurrent state %.1f MiB)",
             self.config.describe(),
             self.platform.describe(),
             self.dtype,
             self.attention.name,
             self.fast_path.name if self.fast_path else self.generic.name,
             self.attention.memory_bytes() / 2**20,
+            self.recurrent.memory_bytes() / 2**20,
         )
 
     def _decode_graphs(self) -> DecodeGraphs:
@@ -148,6 +164,8 @@ class ModelRunner:
         num_new = work.num_new
         if work.copies:
             self.attention.copy_blocks(work.copies)
+        if work.state_copies:
+            self.recurrent.copy_slots(work.state_copies)
         step = step_inputs.build(work, self.attention)
         keep, spans, all_rows = _logits_rows(step.order, num_new, work.num_logits, work.prompt_logits)
         loras = work.loras
@@ -156,7 +174,7 @@ class ModelRunner:
         if graphs is not None and graphs.runs(step.packed, keep, bool(step.embed_at), adapters):
             logits = graphs(step.input_ids, step.position_ids, step.packed)
         else:
-            logits = self._forward(step, keep, adapters, [num_new[i] for i in step.order])
+            logits = self._forward(work, step, keep, adapters, [num_new[i] for i in step.order])
         # The sampled rows, in the scheduler's order (the batch was packed decodes first).
         select: list[int] = []
         offsets = [0]
@@ -172,7 +190,12 @@ class ModelRunner:
         return ModelOutput(logits_sampled, {i: logits[a:b] for i, (a, b) in all_rows.items()}, offsets)
 
     def _forward(
-        self, step: step_inputs.StepInputs, keep: list[int], adapters: list[object | None], rows: list[int]
+        self,
+        work: StepBatch,
+        step: step_inputs.StepInputs,
+        keep: list[int],
+        adapters: list[object | None],
+        rows: list[int],
     ) -> torch.Tensor:
         """The packed step's logits (the `keep` rows) on the model's path: its fast path, or
         transformers' modules for a path that does not run the step's adapters."""
@@ -183,7 +206,8 @@ class ModelRunner:
         path = self.fast_path
         if path is None or (not path.runs_lora and any(adapters)):
             path = self.generic
-        with self.attention.step(metadata):
+        states = [work.state_slots[i] for i in step.order] if self.recurrent else []
+        with self.attention.step(metadata), self.recurrent.step(step.packed.num_computed, rows, states):
             return path(ForwardInputs(ids, embeds, positions, keep, adapters, rows))
 
     def _embed(self, ids: torch.Tensor, at: list[int], rows: list[torch.Tensor]) -> torch.Tensor:

@@ -5,9 +5,11 @@ what transformers may ask its attention function for beyond it (`FEATURES`: a la
 window, soft-capped logits, attention sinks), each declaring which (`AttentionBackend.computes`).
 This module says what a checkpoint needs (feature -> what shows it, for the messages); the choice of
 a backend that computes it all is `attention.choose`'s, and `attention.require` refuses one that
-does not. What no backend serves (layers that are not attention at all, whose recurrent state the
-engine does not keep; encoder-decoders; attention outside transformers' interface) is refused here
-with a `ConfigError` naming the architecture and the feature, never served wrong:
+does not. Layers that are not attention are served where the engine keeps their recurrent state
+(`RECURRENT`: Qwen3-Next's linear-attention layers, by `worker/recurrent_state.py`), with the settings
+that state rules out refused (`recurrent_settings`). What no backend serves (other layers that are
+not attention; encoder-decoders; attention outside transformers' interface) is refused here with a
+`ConfigError` naming the architecture and the feature, never served wrong:
 
 - `check_config`, from the checkpoint's config and transformers' marks on the model class, before
   the weights load (fast): the refusals, and the features the config shows;
@@ -20,22 +22,28 @@ the same way. A sliding window that cannot bind (`max_seq_len` <= the window) ne
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from dataclasses import replace
 
 from transformers import PretrainedConfig
 
-from tritonlm.config import ConfigError
+from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.worker.attention.base import LayerRule, binds
 
 # Layer kinds that are causal softmax attention (the window, if any, is a feature of its own).
 ATTENTION_KINDS = frozenset({"full_attention", "sliding_attention", "attention"})
 # Where configs list each decoder layer's kind (Qwen3-Next, Gemma; Jamba, Zamba; RecurrentGemma).
 LAYER_KIND_FIELDS = ("layer_types", "layers_block_type", "block_types")
+# Layer kinds other than attention whose state the engine keeps (worker/recurrent_state.py), per
+# architecture: the one implementation checked, not every family that names its layers the same.
+RECURRENT = {"Qwen3NextForCausalLM": frozenset({"linear_attention"})}
 SERVED = (
     "Served: decoder-only models whose every layer is causal softmax attention through transformers' "
-    "attention interface, with sliding windows, soft-capping or sinks on a backend that computes them "
-    "(docs/features.md, Supported architectures)"
+    "attention interface, with sliding windows, soft-capping or sinks on a backend that computes them, "
+    "and Qwen3-Next's linear-attention layers (docs/features.md, Supported architectures)"
 )
+log = logging.getLogger(__name__)
 Needs = dict[str, str]  # feature (base.FEATURES) -> what the checkpoint shows of it
 
 
@@ -45,8 +53,9 @@ def check_config(config: PretrainedConfig, max_seq_len: int) -> Needs:
     text = config.get_text_config()
     problems = [
         encoder_decoder(config),
-        attention_hook(text),
-        layer_kinds(text),
+        # transformers leaves the mark off for the linear-attention layers; the probe checks the rest.
+        None if architecture(config) in RECURRENT else attention_hook(text),
+        layer_kinds(text, RECURRENT.get(architecture(config), frozenset())),
         bidirectional(text),
     ]
     _refuse(architecture(config), problems)
@@ -73,7 +82,8 @@ def check_probe(
         "softcap": softcap(next((r.softcap for r in rules.values() if r.softcap is not None), None)),
         "sinks": sinks(any(r.sinks for r in rules.values())),
     }
-    problems = [silent_layers(layers - len(handed), layers), unexplained(beyond_sdpa(text), needs)]
+    silent = layers - len(handed) - len(recurrent_layers(config))
+    problems = [silent_layers(silent, layers), unexplained(beyond_sdpa(text), needs)]
     _refuse(architecture(config), problems)
     return {feature: what for feature, what in needs.items() if what}
 
@@ -131,12 +141,13 @@ def unexplained(mark: str | None, needs: Mapping[str, str | None]) -> str | None
     )
 
 
-def layer_kinds(text: PretrainedConfig) -> str | None:
+def layer_kinds(text: PretrainedConfig, recurrent: frozenset[str] = frozenset()) -> str | None:
     kinds = _kinds(text)
-    other = sorted({kind for kind in kinds if kind not in ATTENTION_KINDS})
+    served = ATTENTION_KINDS | recurrent
+    other = sorted({kind for kind in kinds if kind not in served})
     if not other:
         return None
-    count = sum(kind not in ATTENTION_KINDS for kind in kinds)
+    count = sum(kind not in served for kind in kinds)
     return (
         f"layers that are not softmax attention ({', '.join(other)}: {count} of {len(kinds)} layers), "
         "whose recurrent state the engine does not keep"
@@ -173,6 +184,34 @@ def window(windows: Mapping[int, int], layers: int, max_seq_len: int) -> str | N
         f"sliding-window attention ({len(windows)} of {layers} layers see only the last "
         f"{'/'.join(map(str, binding))} tokens; none binds at max_seq_len <= {binding[0]})"
     )
+
+
+# -- recurrent state -----------------------------------------------------------------------------------
+def recurrent_layers(config: PretrainedConfig) -> list[int]:
+    """The layers whose recurrent state the engine keeps (`RECURRENT`), by index."""
+    served = RECURRENT.get(architecture(config), frozenset())
+    return [i for i, kind in enumerate(_kinds(config.get_text_config())) if kind in served]
+
+
+def recurrent_settings(config: EngineConfig, name: str) -> EngineConfig:
+    """`config` for model `name`, which keeps recurrent state per sequence: the prefix cache off (a
+    prefix hit would restore keys and values but not the state after them) and refused when set on;
+    speculative decoding refused (a rejected proposal would need the state rolled back)."""
+    if config.enable_prefix_caching:
+        raise ConfigError(
+            f"enable_prefix_caching: {name} keeps a recurrent state per sequence (its linear-attention "
+            "layers), which a prefix-cache hit cannot restore; leave it unset or set it false"
+        )
+    if config.speculative_model:
+        raise ConfigError(
+            f"speculative_model: {name} keeps a recurrent state per sequence (its linear-attention layers), "
+            "which rejected proposals would have to roll back; leave it unset for this model"
+        )
+    if config.enable_prefix_caching is None:
+        log.info(
+            "enable_prefix_caching: off for %s (a prefix-cache hit cannot restore its recurrent state)", name
+        )
+    return replace(config, enable_prefix_caching=False)
 
 
 # -- reading the config ------------------------------------------------------------------------------
