@@ -105,6 +105,17 @@ def test_a_cache_too_small_for_the_load_preempts_and_outputs_stay_the_same(
     assert all(s.out.finish_reason == "length" for s in seqs)
 
 
+def test_beams_that_could_never_run_together_are_refused_not_left_waiting(model_dir):
+    """They would preempt one another forever (the request reader refuses them first, as a 400)."""
+    small = fp32_runner(model_dir, "sdpa", max_num_seqs=2, max_seq_len=96, kv_cache_blocks=6)
+    engine = Engine(small, lambda seq, n: None)
+    with pytest.raises(ValueError, match="^beam_width: at most 2"):
+        engine.add(request([5, 6, 7], 20, beam_width=3))
+    with pytest.raises(ValueError, match="^beam_width: 2 beams of 3 \\+ 80 tokens need up to 12 KV-cache"):
+        engine.add(request([5, 6, 7], 80, beam_width=2))
+    engine.stop()
+
+
 def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(attention_backend, model_dir, monkeypatch):
     runner = fp32_runner(model_dir, attention_backend, max_num_seqs=4, max_seq_len=64)
     real = runner.execute

@@ -10,6 +10,7 @@ import pytest
 
 from tritonlm import contract
 from tritonlm.contract import Bounds
+from tritonlm.engine.beam_group import BeamRoom
 from tritonlm.errors import InvalidRequest, prompt_too_long
 from tritonlm.request_tensors import RequestTensors
 from tritonlm.serving.engine_inputs import parse_request
@@ -188,6 +189,21 @@ def test_what_beam_search_allows_is_accepted():
     )
     assert (parsed.beam_width, parsed.len_penalty, parsed.early_stopping) == (2, 0.5, 0)
     assert parsed.stop_words == ((7,),) and parsed.params.stop_token_ids == [7]
+
+
+def test_beams_the_engine_cannot_run_side_by_side_are_refused():
+    """A group runs its beams together: more beams than running places, or than the whole cache
+    holds at worst, would wait forever, preempting and recomputing."""
+    room = BeamRoom(max_num_seqs=2, kv_cache_blocks=8, block_size=4)
+    with raises("beam_width", "at most 2 (max_num_seqs"):
+        parse_request(request(beam_width=[3]), VOCAB, 32, beam_room=room)
+    # 3 prompt tokens + 12: no full prompt block shared, 4 blocks a beam
+    fits = request(**BEAMS, request_output_len=[[12]])
+    assert parse_request(fits, VOCAB, 32, beam_room=room).beam_width == 2
+    with raises("beam_width", "need up to 10 KV-cache blocks at once, and the cache holds 8"):
+        parse_request(request(**BEAMS, request_output_len=[[16]]), VOCAB, 32, beam_room=room)
+    assert parse_request(request(request_output_len=[[28]]), VOCAB, 32, beam_room=room).beam_width == 1
+    assert BeamRoom(4, 8, 4, window=4).refusal(4, 3, 28) == ""  # 2 blocks a beam inside the window
 
 
 def test_exclude_input_in_output_false_echoes_the_prompt_unless_streamed():

@@ -11,12 +11,47 @@ a parent with none is finished.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from tritonlm.engine.scheduler import Scheduler
 from tritonlm.engine.sequence import Sequence, Status, TokenTiming
 from tritonlm.sampling.beam_search import Beam, BeamSearch, early_stopping_mode
 from tritonlm.sampling.logits_processors import LogitsPipeline
+
+
+@dataclass(frozen=True)
+class BeamRoom:
+    """What a beam search needs of the engine, all at once: its beams run side by side (a group
+    waits for every beam's step), so a group that can never be wholly running would wait forever,
+    preempting and recomputing."""
+
+    max_num_seqs: int
+    kv_cache_blocks: int
+    block_size: int
+    window: int | None = None  # a sliding window bounds each sequence's blocks
+
+    def refusal(self, width: int, prompt_len: int, max_new_tokens: int) -> str:
+        """Why `width` beams of `prompt_len` + `max_new_tokens` tokens cannot run here ("" when they
+        can): more beams than running places, or more KV blocks at worst (every beam diverging after
+        the prompt's full blocks) than the whole cache."""
+        if width <= 1:
+            return ""
+        if width > self.max_num_seqs:
+            return f"beam_width: at most {self.max_num_seqs} (max_num_seqs: the beams run side by side)"
+        size = self.block_size
+        shared = prompt_len // size
+        own = -(-(prompt_len + max_new_tokens) // size) - shared
+        need = shared + width * own
+        if self.window is not None:
+            need = min(need, width * (-(-self.window // size) + 1))
+        if need <= self.kv_cache_blocks:
+            return ""
+        return (
+            f"beam_width: {width} beams of {prompt_len} + {max_new_tokens} tokens need up to {need} KV-cache "
+            f"blocks at once, and the cache holds {self.kv_cache_blocks}: ask for fewer beams or fewer tokens"
+        )
 
 
 class BeamGroup:

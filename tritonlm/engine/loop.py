@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tritonlm.engine.beam_group import BeamGroup
+from tritonlm.engine.beam_group import BeamGroup, BeamRoom
 from tritonlm.engine.block_manager import BlockManager
 from tritonlm.engine.output_processor import OutputCallback, OutputProcessor, request_of
 from tritonlm.engine.request import Request, recurrent_refusal
@@ -68,6 +68,9 @@ class Engine:
             config.max_queue_size,
             policy=config.scheduling_policy,
         )
+        self.beam_room = BeamRoom(
+            config.max_num_seqs, config.kv_cache_blocks, config.block_size, runner.kv_window
+        )
         self.sampler = Sampler(default_pipeline(config))
         self.counters = EngineStats()
         # Speculative decoding inside the server (off unless `speculative_model` is set).
@@ -96,6 +99,8 @@ class Engine:
         model cannot serve exactly (`recurrent_refusal`) is a ValueError (serving refuses it first)."""
         if self.runner.state_slots and (why := recurrent_refusal(request.draft is not None)):
             raise ValueError(why)
+        if why := self.beam_room.refusal(request.beam_width, len(request.prompt_ids), self._room(request)):
+            raise ValueError(why)
         guide = request.guide
         seq = Sequence.start(
             request,
@@ -120,6 +125,10 @@ class Engine:
                 return None
         seqs = [self.add(r, is_cancelled) for r in requests]
         return None if None in seqs else seqs  # type: ignore[return-value]
+
+    def _room(self, request: Request) -> int:
+        """The tokens `request` may generate: its max_new_tokens within max_seq_len."""
+        return min(request.max_new_tokens, self.runner.config.max_seq_len - len(request.prompt_ids))
 
     def _enqueue(self, seq: Sequence) -> bool:
         runs = seq

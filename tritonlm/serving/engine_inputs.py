@@ -15,6 +15,7 @@ import torch
 
 from tritonlm import contract
 from tritonlm.contract import Bounds
+from tritonlm.engine.beam_group import BeamRoom
 from tritonlm.engine.prompt_table import table_embeds
 from tritonlm.engine.request import DraftTokens, Guide, PromptEmbeds, Request, recurrent_refusal
 from tritonlm.errors import InvalidRequest, prompt_too_long
@@ -62,6 +63,7 @@ def parse_request(
     hidden_size: int | None = None,
     by_priority: bool = False,
     recurrent_state: bool = False,
+    beam_room: BeamRoom | None = None,
 ) -> Request:
     """`text_wanted`: the client asked for text outputs (the engine then makes them as it goes).
     `by_priority`: the engine schedules by priority (scheduling_policy priority), else a request's
@@ -69,7 +71,8 @@ def parse_request(
     `adapters`: where the request's LoRA adapter comes from; it is acquired last, once everything
     else is valid, and the caller releases it when the request is over.
     `hidden_size`: the model's, which prompt-table rows must have (None: not checked).
-    `recurrent_state`: the model keeps a recurrent state per sequence (client drafts refused)."""
+    `recurrent_state`: the model keeps a recurrent state per sequence (client drafts refused).
+    `beam_room`: the engine's room for a beam search's beams (None: not checked)."""
     reader = RequestTensors(tensors, contract.ENGINE_INPUTS)
     beams = read_beams(reader)
     prompt = read_prompt(reader, vocab_size, max_seq_len, hidden_size)
@@ -83,6 +86,9 @@ def parse_request(
     check_combinations(reader, beams, params, stops, guide, prompt, streaming)
     if recurrent_state:
         why = recurrent_refusal(draft is not None)
+        _check(not why, why)
+    if beam_room is not None:
+        why = beam_room.refusal(beams.width, prompt.ids.size + len(prompt.resumed), prompt.max_new_tokens)
         _check(not why, why)
     lora = acquire_adapter(tensors, adapters)  # last: a request refused after it would hold it
     return Request(

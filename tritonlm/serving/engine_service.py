@@ -136,6 +136,7 @@ class EngineService:
                     hidden_size=self.runner.hidden_size,
                     by_priority=self.runner.config.scheduling_policy == "priority",
                     recurrent_state=self.runner.state_slots > 0,
+                    beam_room=self.engine.beam_room,
                 )
             except InvalidRequest as error:
                 sender.send(
