@@ -1,0 +1,103 @@
+"""The families served without an attention feature of their own (those are
+test_attention_features.py's, Qwen3-Next test_recurrent_state.py's): greedy tokens through the
+engine equal transformers `generate`, on random 2-layer checkpoints of each family's real config
+class, fp32, `attention_backend` and `model_path` auto (so the decoder stack and grouped experts
+where they apply), with staggered requests, prefill chunks of 16 beside decodes, a prefix-cache hit,
+preemption, and k-token steps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from engine_helpers import fp32_runner, request, run_all
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPTNeoXConfig,
+    GraniteConfig,
+    MixtralConfig,
+    Olmo2Config,
+    Phi3Config,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
+
+from tritonlm.sampling.params import SamplingParams
+from tritonlm.worker import cpu_kernels
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)  # fmt: skip
+FAMILIES = {
+    "qwen2": lambda: Qwen2Config(**SMALL),
+    "qwen3": lambda: Qwen3Config(**SMALL, head_dim=16),
+    "phi-3": lambda: Phi3Config(**SMALL, pad_token_id=0),
+    "olmo 2": lambda: Olmo2Config(**SMALL),
+    "granite": lambda: GraniteConfig(
+        **SMALL,
+        embedding_multiplier=4.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.25,
+        logits_scaling=2.0,
+    ),  # fmt: skip
+    "gpt-neox": lambda: GPTNeoXConfig(**SMALL, rotary_pct=0.5),
+    "gpt-2": lambda: GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=256),
+    "qwen3-moe": lambda: Qwen3MoeConfig(
+        **SMALL, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64
+    ),  # fmt: skip
+    "mixtral": lambda: MixtralConfig(**SMALL, num_local_experts=4),
+}
+STACKED = {"qwen2", "qwen3", "phi-3", "granite"}  # on the decoder stack where our kernels run
+NO_KERNELS = cpu_kernels.unavailable()
+MAX_SEQ_LEN = 64
+PREFIX = 16  # the last two prompts share the first's first 16 tokens: a prefix-cache hit
+
+
+def checkpoint(family: str, path):
+    """Weights larger than transformers' initialisation: logits far from ties, so fp32 summation
+    order cannot change a greedy token."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(FAMILIES[family]())).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "norm" not in name and "ln" not in name:
+                weight.normal_(0, 0.1 if "embed" in name or "wte" in name or "wpe" in name else 0.3)
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(path)
+    return model
+
+
+def prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(1)
+    made = [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (21, 12, 30, 17)]
+    return made + [made[0][:PREFIX] + [7, 9, 11], made[0][:PREFIX] + [5] * 10]
+
+
+@pytest.mark.parametrize("speculative", ["", "[ngram]"], ids=["one token", "k tokens"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_transformers_generate(tmp_path, family, speculative):
+    model = checkpoint(family, tmp_path)
+    asked = prompts()
+    news = [MAX_SEQ_LEN - len(p) for p in asked]
+    with torch.no_grad():
+        refs = [
+            model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None)[
+                0, len(p) :
+            ].tolist()
+            for p, n in zip(asked, news, strict=True)
+        ]
+    # Blocks of 4 positions, a cache of two whole sequences for four running: preemption.
+    runner = fp32_runner(
+        tmp_path, "auto", max_seq_len=MAX_SEQ_LEN, max_num_seqs=4, max_num_batched_tokens=16, block_size=4,
+        kv_cache_blocks=2 * MAX_SEQ_LEN // 4, speculative_model=speculative,
+    )  # fmt: skip
+    if family in STACKED and NO_KERNELS is None:  # the fast path is what these tokens come from
+        assert runner.fast_path is not None and runner.fast_path.name == "decoder_stack"
+    requests = [request(p, n, SamplingParams()) for p, n in zip(asked, news, strict=True)]
+    engine, seqs = run_all(runner, requests, stagger=True)
+    assert [s.output_ids for s in seqs] == refs
+    stats = engine.stats()
+    assert stats["prefix_cache_hits"] > 0 and stats["preemptions"] > 0, stats
+    assert bool(stats["spec_proposed_tokens"]) == bool(speculative)
