@@ -8,12 +8,15 @@
 //   group g = i % 128 / 32 and l = i % 32 in it: low bits from ql[64h + 32(g & 1) + l] (its high
 //   nibble for g >= 2), high bits (qh[32h + l] >> 2g) & 3, scale scales[8h + 2g + l / 16].
 //
-// Values are made in fp32 in the gguf package's own order of rounding (d·scale, then ·q), so a
-// weight equals `gguf.quants.dequantize`'s exactly. `gguf_gemv` (decode, a few rows) streams each
-// weight row once for all M rows (up to 8 at a time), decoding 16 values at a time in registers,
-// their fp32 products summed in fp32 and rounded once to x's dtype; `gguf_dequantize` writes rows of
-// W to a dense tensor (prefill: the caller multiplies a tile of them with torch's GEMM). Both split
-// the rows of W across torch's threads; each has an AVX-512F loop and a plain C++ one (level 0).
+// The layout is the file's (no repacking): each loop reads a row's blocks in order. Values are made in
+// fp32 in the gguf package's own order of rounding (d·scale, then ·q), so a weight equals
+// `gguf.quants.dequantize`'s exactly. `gguf_gemv` (decode, a few rows) streams each weight row once
+// for all M rows (up to 8 at a time), decoding in registers; x·w summed in fp32 (a block's or 16
+// values' scale applied to their sum: the same products, another order of rounding), the bias added
+// and the result rounded once to x's dtype. `gguf_dequantize` writes rows of W to a dense tensor
+// (prefill: the caller multiplies a tile of them with torch's GEMM). Both split the rows of W across
+// torch's threads. Levels: 0 plain C++ (the tests force it), 1 AVX-512F, 2 the best this CPU has
+// (AVX-512 BF16: Q6_K's dot products with bf16 x, bf16 stores).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -102,7 +105,8 @@ constexpr int kDOffset = Kind == kQ8_0 ? 0 : 208;
 // What a loop computes for weight rows [n0, n1): x as fp32 rows (converted once), sums in fp32.
 template <typename T>
 struct Job {
-  const float* x;  // [M, K]
+  const float* x;                // [M, K]
+  const c10::BFloat16* x_bf16;   // [M, K], x as given where it is bfloat16 (the Q6_K dot loop), else null
   const uint8_t* w;
   int64_t row_bytes;
   int64_t K;
@@ -135,8 +139,8 @@ void rows_plain(const Job<T>& job, int64_t n0, int64_t n1) {
 }
 
 #ifdef TRITONLM_X86
-// One weight row at a time (one sequential stream), each chunk decoded once for the M rows; two
-// sets of sums (even and odd chunks) so that one row alone does not wait on the FMA's latency.
+// One weight row at a time (one sequential stream), each 16 values decoded once for the M rows.
+// Q6_K: two sets of sums (even and odd chunks) so that one row alone does not wait on the FMA.
 template <typename T, int64_t Kind, int M>
 AVX512 void rows_vector(const Job<T>& job, int64_t n0, int64_t n1) {
   constexpr Format f = Kind == kQ8_0 ? Format{32, 34} : Format{256, 210};
@@ -148,20 +152,84 @@ AVX512 void rows_vector(const Job<T>& job, int64_t n0, int64_t n1) {
     for (int64_t k0 = 0; k0 < job.K; k0 += f.values) {
       const uint8_t* b = row + k0 / f.values * f.bytes;
       const float d = fp16(b + kDOffset<Kind>);
-      for (int c = 0; c < kChunks<Kind>; ++c) {
-        const __m512 w = decode16<Kind>(b, c, d);
-        for (int m = 0; m < M; ++m)
-          acc[c & 1][m] = _mm512_fmadd_ps(_mm512_loadu_ps(job.x + m * job.K + k0 + 16 * c), w, acc[c & 1][m]);
+      if constexpr (Kind == kQ8_0) {
+        // d·(Σ x·q): the block's one scale after its sum (d·q is exact in fp32: same products).
+        const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2))));
+        const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 18))));
+        const __m512 dv = _mm512_set1_ps(d);
+        const int u = (k0 / 32) & 1;
+        for (int m = 0; m < M; ++m) {
+          const float* x = job.x + m * job.K + k0;
+          const __m512 sum = _mm512_fmadd_ps(_mm512_loadu_ps(x + 16), w1, _mm512_mul_ps(_mm512_loadu_ps(x), w0));
+          acc[u][m] = _mm512_fmadd_ps(sum, dv, acc[u][m]);
+        }
+      } else {
+        for (int c = 0; c < kChunks<Kind>; ++c) {
+          const __m512 w = decode16<Kind>(b, c, d);
+          for (int m = 0; m < M; ++m)
+            acc[c & 1][m] = _mm512_fmadd_ps(_mm512_loadu_ps(job.x + m * job.K + k0 + 16 * c), w, acc[c & 1][m]);
+        }
       }
     }
     for (int m = 0; m < M; ++m) finish(job, m, n, _mm512_reduce_add_ps(_mm512_add_ps(acc[0][m], acc[1][m])));
   }
 }
 
-template <typename T, int64_t Kind, int... Ms>
+// ---- AVX-512 BF16, Q6_K with bfloat16 x: 32 values a step ------------------------------------
+// Each value's 6 bits, gathered into a 16-bit lane, index a 64-entry table of bf16(q - 32) (exact)
+// in two registers (one vpermt2w); the x·(q - 32) pairs are summed in fp32 by the dot-product
+// instruction (products of bf16s are exact), then each 16 values' sum times its scale d·scale.
+#define AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+bool cpu_has_avx512_bf16() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+}
+
+template <typename T, int M>
+AVX512_BF16 void rows_q6k_dot(const Job<T>& job, int64_t n0, int64_t n1) {
+  alignas(64) uint16_t table[64];
+  for (int u = 0; u < 64; ++u) table[u] = c10::BFloat16(static_cast<float>(u - 32)).x;
+  const __m512i low_table = _mm512_load_si512(table), high_table = _mm512_load_si512(table + 32);
+  const __m512i nibble = _mm512_set1_epi16(0x0F);
+  for (int64_t n = n0; n < n1; ++n) {
+    __m512 acc[M];
+    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+    const uint8_t* row = job.w + n * job.row_bytes;
+    for (int64_t k0 = 0; k0 < job.K; k0 += 256) {
+      const uint8_t* b = row + k0 / 256 * 210;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = fp16(b + 208);
+      for (int h = 0; h < 2; ++h) {
+        const __m512i qh = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h)));
+        for (int g = 0; g < 4; ++g) {
+          __m512i ql = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (g & 1))));
+          if (g >= 2) ql = _mm512_srli_epi16(ql, 4);
+          // qh's bits 2g, 2g + 1 to bits 4, 5 (the table reads the low 6 bits only).
+          const __m512i high = g < 3 ? _mm512_slli_epi16(qh, 4 - 2 * g) : _mm512_srli_epi16(qh, 2);
+          const __m512i index = _mm512_ternarylogic_epi32(nibble, ql, high, 0xCA);  // nibble ? ql : high
+          const __m512bh w = reinterpret_cast<__m512bh>(_mm512_permutex2var_epi16(low_table, index, high_table));
+          const float s0 = d * static_cast<float>(sc[8 * h + 2 * g]), s1 = d * static_cast<float>(sc[8 * h + 2 * g + 1]);
+          const __m512 scale = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
+          for (int m = 0; m < M; ++m) {
+            const __m512bh x = reinterpret_cast<__m512bh>(
+                _mm512_loadu_si512(job.x_bf16 + m * job.K + k0 + 128 * h + 32 * g));
+            acc[m] = _mm512_fmadd_ps(_mm512_dpbf16_ps(_mm512_setzero_ps(), x, w), scale, acc[m]);
+          }
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m) finish(job, m, n, _mm512_reduce_add_ps(acc[m]));
+  }
+}
+
+template <typename T, int64_t Kind, bool Dot, int... Ms>
 void (*pick_rows(int64_t M, std::integer_sequence<int, Ms...>))(const Job<T>&, int64_t, int64_t) {
   void (*fn)(const Job<T>&, int64_t, int64_t) = nullptr;
-  ((fn = (M == Ms + 1) ? rows_vector<T, Kind, Ms + 1> : fn), ...);
+  if constexpr (Dot)
+    ((fn = (M == Ms + 1) ? rows_q6k_dot<T, Ms + 1> : fn), ...);
+  else
+    ((fn = (M == Ms + 1) ? rows_vector<T, Kind, Ms + 1> : fn), ...);
   return fn;
 }
 #endif
@@ -169,7 +237,10 @@ void (*pick_rows(int64_t M, std::integer_sequence<int, Ms...>))(const Job<T>&, i
 template <typename T, int64_t Kind>
 void (*rows_fn(int64_t M, int64_t level))(const Job<T>&, int64_t, int64_t) {
 #ifdef TRITONLM_X86
-  if (level >= 1 && cpu_has_avx512f()) return pick_rows<T, Kind>(M, std::make_integer_sequence<int, kMaxRows>{});
+  using Seq = std::make_integer_sequence<int, kMaxRows>;
+  if constexpr (Kind == kQ6_K && std::is_same_v<T, c10::BFloat16>)
+    if (level >= 2 && cpu_has_avx512_bf16()) return pick_rows<T, Kind, true>(M, Seq{});
+  if (level >= 1 && cpu_has_avx512f()) return pick_rows<T, Kind, false>(M, Seq{});
 #endif
   return rows_plain<T, Kind>;
 }
@@ -181,9 +252,11 @@ void gemv_typed(at::Tensor& out, const at::Tensor& x, const at::Tensor& blocks, 
                 int64_t level) {
   const int64_t rows = x.size(0), N = blocks.size(0), K = x.size(1), row_bytes = blocks.size(1);
   const at::Tensor xf = x.to(at::kFloat).contiguous();  // converted once, not per weight row
+  const at::Tensor xb = x.scalar_type() == at::kBFloat16 ? x.contiguous() : at::Tensor();
   for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
     const int64_t M = std::min<int64_t>(kMaxRows, rows - r0);
-    const Job<T> job{xf.data_ptr<float>() + r0 * K, blocks.data_ptr<uint8_t>(), row_bytes, K,
+    const c10::BFloat16* x_bf16 = xb.defined() ? xb.data_ptr<c10::BFloat16>() + r0 * K : nullptr;
+    const Job<T> job{xf.data_ptr<float>() + r0 * K, x_bf16, blocks.data_ptr<uint8_t>(), row_bytes, K,
                      bias ? bias->data_ptr<T>() : nullptr, out.data_ptr<T>() + r0 * N, N, M};
     const auto fn = rows_fn<T, Kind>(M, level);
     at::parallel_for(0, N, grain_of(row_bytes), [&](int64_t n0, int64_t n1) { fn(job, n0, n1); });
@@ -199,7 +272,8 @@ void check_blocks(const at::Tensor& blocks, int64_t kind, int64_t K, const char*
 }
 
 // x [rows, K] @ W^T + bias -> [rows, N] in x's dtype (float32 or bfloat16). `level`: 0 the plain C++
-// loop, 1 AVX-512F where the CPU has it (the tests compare them).
+// loop, 1 AVX-512F's fp32 loop, 2 the best this CPU has (Q6_K with bf16 x: AVX-512 BF16's dot
+// products), where the CPU has them (the tests compare them).
 at::Tensor gguf_gemv(const at::Tensor& x, const at::Tensor& blocks, int64_t kind, const std::optional<at::Tensor>& bias,
                      int64_t level) {
   TORCH_CHECK(x.dim() == 2, "gguf_gemv: x [rows, K]");
@@ -218,6 +292,24 @@ at::Tensor gguf_gemv(const at::Tensor& x, const at::Tensor& blocks, int64_t kind
        : gemv_typed<c10::BFloat16, kQ6_K>(out, x, blocks, bias, level);
   return out;
 }
+
+#ifdef TRITONLM_X86
+// Rows of W as bf16, 32 values a step rounded by AVX-512 BF16's conversion (ties to even, as `.to`).
+template <int64_t Kind>
+AVX512_BF16 void dequantize_bf16(c10::BFloat16* out, const uint8_t* blocks, int64_t row_bytes, int64_t K, int64_t n0,
+                                 int64_t n1) {
+  constexpr Format f = Kind == kQ8_0 ? Format{32, 34} : Format{256, 210};
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t k0 = 0; k0 < K; k0 += f.values) {
+      const uint8_t* b = blocks + n * row_bytes + k0 / f.values * f.bytes;
+      const float d = fp16(b + kDOffset<Kind>);
+      for (int c = 0; c < kChunks<Kind>; c += 2) {
+        const __m512bh pair = _mm512_cvtne2ps_pbh(decode16<Kind>(b, c + 1, d), decode16<Kind>(b, c, d));
+        _mm512_storeu_si512(out + n * K + k0 + 16 * c, reinterpret_cast<__m512i>(pair));
+      }
+    }
+}
+#endif
 
 // ---- dequantize: rows of W into a dense [N, K] tensor ----------------------------------------
 template <typename T, int64_t Kind>
@@ -248,6 +340,8 @@ template <typename T, int64_t Kind>
 void dequantize_rows(T* out, const uint8_t* blocks, int64_t row_bytes, int64_t K, int64_t n0, int64_t n1,
                      int64_t level) {
 #ifdef TRITONLM_X86
+  if constexpr (std::is_same_v<T, c10::BFloat16>)
+    if (level >= 2 && cpu_has_avx512_bf16()) return dequantize_bf16<Kind>(out, blocks, row_bytes, K, n0, n1);
   if (level >= 1 && cpu_has_avx512f()) return dequantize_vector<T, Kind>(out, blocks, row_bytes, K, n0, n1);
 #endif
   dequantize_plain<T, Kind>(out, blocks, row_bytes, K, n0, n1);

@@ -20,7 +20,7 @@ from tritonlm.worker.linear.gguf import GgufBlocks, Q6_KWeight, Q8_0Weight
 pytestmark = pytest.mark.skipif(cpu_kernels.unavailable() is not None, reason=f"{cpu_kernels.unavailable()}")
 
 ROUNDING = {torch.float32: 2**-23, torch.bfloat16: 2**-7}
-PLAIN, AVX512 = 0, 1
+PLAIN, AVX512, BEST = 0, 1, 2
 SHAPES = {Type.Q8_0: [(37, 96), (5, 32)], Type.Q6_K: [(37, 512), (3, 256)]}  # [out, in], odd outputs
 
 
@@ -50,7 +50,7 @@ def _assert_matmul(got, x, dense, bias, weight_rounding: float = 1e-6) -> None:
     assert ((got.double() - exact).abs() <= bound).all(), (got.double() - exact).abs().max()
 
 
-@pytest.mark.parametrize("level", [PLAIN, AVX512])
+@pytest.mark.parametrize("level", [PLAIN, AVX512, BEST])
 @pytest.mark.parametrize("kind", [Type.Q8_0, Type.Q6_K])
 def test_decoded_values_equal_the_gguf_packages(kind, level):
     for shape in SHAPES[kind]:
@@ -62,7 +62,7 @@ def test_decoded_values_equal_the_gguf_packages(kind, level):
         assert torch.equal(weight.dequantize(), _reference(weight))
 
 
-@pytest.mark.parametrize("level", [PLAIN, AVX512])
+@pytest.mark.parametrize("level", [PLAIN, AVX512, BEST])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", [Type.Q8_0, Type.Q6_K])
 @pytest.mark.parametrize("rows", [1, 2, 3, 17])

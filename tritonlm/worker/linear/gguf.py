@@ -21,7 +21,7 @@ from tritonlm.worker import cpu_kernels
 from tritonlm.worker.linear.base import LinearMethod, Projection, QuantizedWeight
 
 DTYPES = (torch.float32, torch.bfloat16)  # the activations the kernels take
-LEVEL = 1  # the kernels' AVX-512F loops (0: their plain C++ loops, which the tests force)
+LEVEL = 2  # the best loops this CPU has (1: AVX-512F only; 0: the plain C++ ones, which the tests force)
 # Rows up to which gguf_gemv beats decoding a tile and torch's GEMM (measured on this project's
 # CPUs, SmolLM2-135M's projections: docs/features.md "GGUF files").
 MAX_ROWS = 4
