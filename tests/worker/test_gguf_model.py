@@ -1,7 +1,7 @@
 """A GGUF file served as a model (tritonlm/gguf_checkpoint.py, tritonlm/worker/gguf_weights.py): the
 directory written from its metadata reads as the checkpoint it came from (config, tokenizer, chat
-template), and its weights, the 4-bit types kept quantized, compute what transformers computes from
-the same file dequantized."""
+template), and its weights, the 4-bit types, Q8_0 and Q6_K kept quantized, compute what transformers
+computes from the same file dequantized."""
 
 from __future__ import annotations
 
@@ -57,10 +57,12 @@ def test_weights_compute_what_transformers_computes_from_the_file(mixed, caplog)
     file, written = mixed
     with caplog.at_level(logging.INFO):
         ours = _ours(written, torch.float32)
-    assert "kept quantized: 7 Q4_0, 7 Q4_1, 6 Q4_K" in caplog.text  # blk.2's BF16 o_proj is dense
-    assert "1 Q5_K, 1 Q6_K, 6 Q8_0" in caplog.text
+    # blk.2's BF16 o_proj is dense; the Q6_K is the LM head
+    assert "kept quantized: 7 Q4_0, 7 Q4_1, 6 Q4_K, 1 Q6_K, 6 Q8_0;" in caplog.text
+    assert "dequantized to torch.float32: 1 Q5_K" in caplog.text
     methods = {m.projection.method for m in ours.modules() if isinstance(m, fused.PackedLinear)}
-    assert methods >= {"int4"}
+    assert methods >= {"int4", "gguf"}
+    assert ours.lm_head.projection.method == "gguf"
     reference = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
     ids = torch.arange(3, 300, 7)[None]
     with torch.inference_mode():

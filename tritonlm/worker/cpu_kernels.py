@@ -1,7 +1,8 @@
 """Our C++ CPU kernels: the `cpu_paged` backend's attention (`csrc/cpu_attention.cpp`) and the
 decoder layer's elementwise kernels (`csrc/cpu_layer_ops.cpp`, used by `worker/fused.py` and
 `worker/model_paths/decoder_stack.py`) and the projection at a few rows (`csrc/cpu_gemv.cpp`, the
-`gemv` linear method), in one library built ahead of time and loaded when used.
+`gemv` linear method) and of GGUF's Q8_0 and Q6_K blocks (`csrc/cpu_gguf.cpp`, the `gguf` linear
+method), in one library built ahead of time and loaded when used.
 
 `make setup` builds it (`python -m tritonlm.worker.cpu_kernels`, through
 `tritonlm/setup.py`) with `torch.utils.cpp_extension` into `build/cpu_attention/`, beside a
@@ -25,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [
     ROOT / "csrc" / name
-    for name in ("cpu_vector.h", "cpu_attention.cpp", "cpu_layer_ops.cpp", "cpu_gemv.cpp")
+    for name in ("cpu_vector.h", "cpu_attention.cpp", "cpu_layer_ops.cpp", "cpu_gemv.cpp", "cpu_gguf.cpp")
 ]
 BUILD_DIR = ROOT / "build" / "cpu_attention"
 NAME = "tritonlm_cpu_attention"
@@ -99,7 +100,8 @@ _OPS: object | None = None  # the loaded ops, a plain global: torch.compile read
 
 def kernels() -> object:
     """The kernels' ops (`paged_attention`, `rms_norm`, `silu_and_mul`, `add_rms_norm`, `rotary`,
-    `gemv`, `has_vector_path`, `has_bf16_dot`); call only when `unavailable()` is None."""
+    `gemv`, `gguf_gemv`, `gguf_dequantize`, `has_vector_path`, `has_bf16_dot`); call only when
+    `unavailable()` is None."""
     global _OPS
     if _OPS is None:
         ops, why = _load()

@@ -1,5 +1,7 @@
 """GGUF's block types → what the worker holds: the 4-bit types as `Int4Weight` (exactly: each 32
-values share one scale and zero), every other type dequantized by the `gguf` package.
+values share one scale and zero), Q8_0 and Q6_K as their own blocks (`linear/gguf.py`'s
+`Q8_0Weight`, `Q6_KWeight`, the bytes copied as they are), every other type dequantized by the
+`gguf` package.
 
 A quantized tensor's data, as `gguf.GGUFReader` maps it, is `uint8 [rows, bytes per row]`, each row
 a run of blocks along the input features. Layouts (llama.cpp's `ggml-common.h`):
@@ -21,8 +23,10 @@ from gguf import dequantize
 from gguf.quants import Q4_K
 
 from tritonlm.worker.linear import Int4Weight
+from tritonlm.worker.linear.gguf import WEIGHTS, GgufBlocksWeight
 
 INT4_TYPES = (Type.Q4_0, Type.Q4_1, Type.Q4_K)
+BLOCK_TYPES = tuple(WEIGHTS)  # kept as the file's blocks: Q8_0, Q6_K
 DENSE_TYPES = (Type.F32, Type.F16, Type.BF16)
 
 
@@ -60,6 +64,12 @@ def int4_weight(data: np.ndarray, kind: Type, dtype: torch.dtype) -> Int4Weight:
     """A 4-bit tensor's blocks as the `int4` linear method's weight (`dtype`: the activations')."""
     q, scale, zero = _int4(np.asarray(data), kind)
     return Int4Weight(torch.from_numpy(q), torch.from_numpy(scale), torch.from_numpy(zero), 32, dtype)
+
+
+def blocks_weight(data: np.ndarray, kind: Type, in_features: int, dtype: torch.dtype) -> GgufBlocksWeight:
+    """A Q8_0 or Q6_K tensor's blocks (`uint8 [rows, bytes per row]`, copied out of the file's
+    mapping) as the `gguf` linear method's weight (`dtype`: the activations')."""
+    return WEIGHTS[kind](torch.from_numpy(np.array(data, dtype=np.uint8)), in_features, dtype)
 
 
 def dense(data: np.ndarray, kind: Type, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

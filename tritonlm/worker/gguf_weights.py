@@ -1,4 +1,4 @@
-"""The engine's model from a GGUF file, its 4-bit projections kept quantized.
+"""The engine's model from a GGUF file, its 4-bit, Q8_0 and Q6_K projections kept quantized.
 
 The model is built without weights (accelerate's `init_empty_weights`) from the written directory's
 config; each tensor of the file then goes where transformers' own GGUF loader would put it (its name
@@ -7,8 +7,11 @@ map and its per-architecture tensor processor: Llama's q/k rows permuted back, G
 - a projection (an `nn.Linear`'s weight) of a 4-bit type (Q4_0, Q4_1, Q4_K) becomes a
   `fused.QuantizedLinear` holding an `Int4Weight`, exactly the file's values, which `worker/fused.py`
   groups and hands to the `int4` linear method;
-- everything else (norms, embeddings, biases, and the types without a kernel here: Q8_0, Q5_K, Q6_K,
-  …) is dequantized to the model's dtype, and the start-up log counts them by type.
+- a projection of type Q8_0 or Q6_K becomes a `QuantizedLinear` holding the file's blocks
+  (`linear/gguf.py`), for the `gguf` linear method, where its kernels run (built, AVX-512, float32 or
+  bfloat16);
+- everything else (norms, embeddings, biases, and the types without a kernel here: Q5_0, Q5_1,
+  Q5_K, …) is dequantized to the model's dtype, and the start-up log counts them by type.
 
 Quantized weights stay on the CPU platform only; elsewhere every tensor is dequantized.
 """
@@ -35,7 +38,8 @@ from transformers.modeling_gguf_pytorch_utils import (
 from tritonlm.settings import ConfigError
 from tritonlm.worker import gguf_blocks as blocks
 from tritonlm.worker.fused import QuantizedLinear
-from tritonlm.worker.linear import Int4Weight
+from tritonlm.worker.linear import Weight
+from tritonlm.worker.linear import gguf as gguf_method
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +48,12 @@ log = logging.getLogger(__name__)
 ROW_PROCESSORS = (TensorProcessor, LlamaTensorProcessor, Gemma2TensorProcessor)
 
 
-def load(file: Path, config: PretrainedConfig, dtype: torch.dtype, keep_int4: bool, **kwargs) -> nn.Module:
-    """The causal LM of `config` with the weights of GGUF `file`, its 4-bit projections kept
-    quantized if `keep_int4` (on the CPU). `kwargs` go to the model's constructor."""
+def load(
+    file: Path, config: PretrainedConfig, dtype: torch.dtype, keep_quantized: bool, **kwargs
+) -> nn.Module:
+    """The causal LM of `config` with the weights of GGUF `file`, its 4-bit, Q8_0 and Q6_K
+    projections kept quantized if `keep_quantized` (on the CPU). `kwargs` go to the model's
+    constructor."""
     from accelerate import init_empty_weights
 
     reader = GGUFReader(file)
@@ -62,8 +69,9 @@ def load(file: Path, config: PretrainedConfig, dtype: torch.dtype, keep_int4: bo
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, **kwargs)
     names = _names(model, architecture)
     dense: dict[str, torch.Tensor] = {}
-    quantized: dict[str, Int4Weight] = {}
+    quantized: dict[str, Weight] = {}
     kept, dequantized = Counter(), Counter()
+    kinds = _kept_types(dtype) if keep_quantized else ()
     for tensor in reader.tensors:
         name = names.get(tensor.name)
         if name is None:
@@ -71,8 +79,11 @@ def load(file: Path, config: PretrainedConfig, dtype: torch.dtype, keep_int4: bo
             raise ConfigError(f"model_dir: {file.name}: tensor {tensor.name} has no place in {where}")
         shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists the inner axis first
         kind = tensor.tensor_type
-        if keep_int4 and kind in blocks.INT4_TYPES and _is_projection(model, name):
-            weight = blocks.int4_weight(tensor.data, kind, dtype)
+        if kind in kinds and _is_projection(model, name):
+            if kind in blocks.INT4_TYPES:
+                weight = blocks.int4_weight(tensor.data, kind, dtype)
+            else:
+                weight = blocks.blocks_weight(tensor.data, kind, shape[1], dtype)
             order = _rows(processor, tensor.name, shape[0])
             quantized[name] = weight if order is None else weight.rows(order)
             kept[kind.name] += 1
@@ -95,6 +106,14 @@ def load(file: Path, config: PretrainedConfig, dtype: torch.dtype, keep_int4: bo
         _count(dequantized) or "none",
     )
     return model
+
+
+def _kept_types(dtype: torch.dtype) -> tuple:
+    """The types kept quantized on the CPU: the 4-bit ones always (torch's kernel), Q8_0 and Q6_K
+    where our kernels run for `dtype` (else they are dequantized, as the log then says)."""
+    if gguf_method.unavailable(dtype) is None:
+        return (*blocks.INT4_TYPES, *blocks.BLOCK_TYPES)
+    return blocks.INT4_TYPES
 
 
 def _names(model: nn.Module, architecture: str) -> dict[str, str]:
@@ -130,7 +149,7 @@ def _rows(processor: TensorProcessor, name: str, rows: int) -> torch.Tensor | No
     return torch.from_numpy(order)
 
 
-def _replace(model: nn.Module, module_name: str, weight: Int4Weight) -> None:
+def _replace(model: nn.Module, module_name: str, weight: Weight) -> None:
     parent, _, attribute = module_name.rpartition(".")
     linear = model.get_submodule(module_name)
     bias = None if linear.bias is None or linear.bias.is_meta else linear.bias

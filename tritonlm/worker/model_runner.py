@@ -76,7 +76,7 @@ class ModelRunner:
         self.generic = TransformersPath(self.model, self.device)
         self.lora = self.generic.lora
         self.fast_path = model_paths.fast_path(config.model_path, self.model, self.attention, self.platform)
-        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = self.model.get_output_embeddings().out_features  # a quantized head has no weight
         self.hidden_size = self.model.get_input_embeddings().weight.shape[1]
 
         shapes = self._probe_shapes()
@@ -123,7 +123,7 @@ class ModelRunner:
 
     def _load(self, config: EngineConfig, checkpoint: PretrainedConfig) -> torch.nn.Module:
         """The checkpoint's model: from its directory, or from the GGUF file it was written for
-        (its 4-bit projections kept quantized on the CPU)."""
+        (its 4-bit, Q8_0 and Q6_K projections kept quantized on the CPU)."""
         attn_implementation = self.attention.register()
         file = gguf_checkpoint.weights_file(config.model_dir)
         if file is None:
@@ -137,9 +137,9 @@ class ModelRunner:
                 attn_implementation=attn_implementation,
                 experts_implementation=experts,
             )
-        keep_int4 = self.platform.name == "cpu"
+        keep_quantized = self.platform.name == "cpu"
         return gguf_weights.load(
-            file, checkpoint, self.dtype, keep_int4, attn_implementation=attn_implementation
+            file, checkpoint, self.dtype, keep_quantized, attn_implementation=attn_implementation
         )
 
     @torch.inference_mode()

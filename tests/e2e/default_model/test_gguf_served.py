@@ -1,7 +1,7 @@
 """A GGUF file served directly (a MODEL_DIRS entry naming the file), end to end: concurrent greedy
 completions and a chat equal transformers `generate` on the same file dequantized (float32), for a
-tiny model written with every GGUF type the server takes (Q4_0, Q4_1, Q4_K kept 4-bit; Q8_0, Q5_K,
-Q6_K, F16, BF16, F32 dequantized)."""
+tiny model written with every GGUF type the server takes (Q4_0, Q4_1, Q4_K kept 4-bit; Q8_0 and
+Q6_K kept as their blocks, the `gguf` linear method; Q5_K, F16, BF16, F32 dequantized)."""
 
 from __future__ import annotations
 

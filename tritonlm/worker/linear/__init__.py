@@ -4,7 +4,8 @@
 weight. A new method (a quantized format, a GPU kernel) is one module and one line here.
 
 A weight is a dense tensor or a quantized form (`int4.Int4Weight`: GGUF's 4-bit types and
-`quantization: int4`; `int8.Int8Weight`: `quantization: int8`). A quantized
+`quantization: int4`; `int8.Int8Weight`: `quantization: int8`; `gguf.Q8_0Weight`, `gguf.Q6_KWeight`:
+GGUF's Q8_0 and Q6_K blocks as the file has them). A quantized
 weight that no method holds here (a shape its kernel does not take, another device) is dequantized
 to a dense one, with a warning naming the projection: slower and larger, never wrong.
 """
@@ -18,6 +19,7 @@ import torch
 from tritonlm.worker.linear.base import LinearMethod, Projection, QuantizedWeight
 from tritonlm.worker.linear.dense import DenseTorch
 from tritonlm.worker.linear.gemv import GemvDense
+from tritonlm.worker.linear.gguf import GgufBlocks
 from tritonlm.worker.linear.int4 import Int4Packed, Int4Weight
 from tritonlm.worker.linear.int8 import Int8Packed, Int8Weight
 from tritonlm.worker.linear.onednn import OneDnnPacked
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 
 # name -> method, best first (`torch` holds any dense weight, so it comes last).
 METHODS: dict[str, type[LinearMethod]] = {
-    m.name: m for m in (Int4Packed, Int8Packed, GemvDense, OneDnnPacked, DenseTorch)
+    m.name: m for m in (Int4Packed, Int8Packed, GgufBlocks, GemvDense, OneDnnPacked, DenseTorch)
 }
 
 Weight = torch.Tensor | QuantizedWeight
