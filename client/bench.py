@@ -484,7 +484,7 @@ def _usage_report(usage: ServerUsage, client_cpu_s: float) -> dict:
     ours = sum(usage.cpu_s.values()) + client_cpu_s
     return {
         "peak_rss_mib": usage.peak_mib,
-        "peak_pss_mib": usage.peak_pss_mib,
+        "pss_mib": usage.pss_mib,
         "cpu_s": {**dict(sorted(usage.cpu_s.items(), key=lambda kv: -kv[1])), "load generator": client_cpu_s},
         "other_cpu_s": max(0.0, usage.machine_busy_s - ours),
     }
@@ -508,7 +508,7 @@ def table(reports: dict[str, dict], limit: float | None) -> str:
 
     rows = [
         "| system | output tok/s | req/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms "
-        "| peak RSS / PSS MiB | vs (2) | vs (5) vLLM | vs (9) llama.cpp |",
+        "| peak RSS / end PSS MiB | vs (2) | vs (5) vLLM | vs (9) llama.cpp |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, r in reports.items():
@@ -526,10 +526,11 @@ def table(reports: dict[str, dict], limit: float | None) -> str:
 
 
 def memory(report: dict) -> str:
-    """`RSS / PSS` of a server's processes at their peak; "-" for (1)-(2), which share the bench's."""
+    """Peak RSS / PSS after the level of a server's processes; "-" for (1)-(2), which share the
+    bench's."""
     if not report.get("peak_rss_mib"):
         return "-"
-    pss = report.get("peak_pss_mib")
+    pss = report.get("pss_mib")
     return f"{report['peak_rss_mib']:.0f} / {pss:.0f}" if pss else f"{report['peak_rss_mib']:.0f}"
 
 
@@ -660,11 +661,11 @@ def print_summary(label: str, by_system: dict[str, dict], limit: float | None, n
                 else f" (target >= {target}x): " + ("ok" if got >= target else "BELOW TARGET")
             )
             print(f"{label}: (4) / {NAMES[key][:3]} = {got:.2f}x{verdict}")
-    peers_pss = [by_system.get(k, {}).get("peak_pss_mib") for k in ("4", "9")]
+    peers_pss = [by_system.get(k, {}).get("pss_mib") for k in ("4", "9")]
     if all(peers_pss):
         got = peers_pss[0] / peers_pss[1]
         verdict = "ok" if got <= 1.5 else "ABOVE TARGET"
-        print(f"{label}: (4) / llama.cpp peak PSS = {got:.2f}x (target <= 1.5x): {verdict}")
+        print(f"{label}: (4) / llama.cpp PSS after the level = {got:.2f}x (target <= 1.5x): {verdict}")
     structured = by_system.get("6")
     if structured:
         fraction = structured["grammar_mask_fraction"]

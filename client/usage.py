@@ -78,8 +78,10 @@ def process_label(pid: int) -> str:
 class ServerUsage:
     """While open, samples every `every` seconds the process groups led by `leaders` (each server
     is started in a session of its own: tritonserver with its stubs, a peer's API server with its
-    engine processes): `peak_mib` is the largest summed RSS seen, `peak_pss_mib` the largest summed
-    PSS (the memory the server takes, shared pages counted once), `cpu_s` each process label's CPU
+    engine processes): `peak_mib` is the largest summed RSS seen, `pss_mib` the summed PSS when it
+    closes (the memory the server takes, shared pages counted once; read once, as reading it walks
+    each process's page tables under its memory-map lock, which slows a process that allocates
+    meanwhile), `cpu_s` each process label's CPU
     seconds used while open (summed over processes of one label), `machine_busy_s` what every CPU of
     the machine spent busy meanwhile (the servers, the load generator and anything else)."""
 
@@ -87,7 +89,7 @@ class ServerUsage:
         self.leaders = leaders
         self.every = every
         self.peak_mib = 0.0
-        self.peak_pss_mib = 0.0
+        self.pss_mib = 0.0
         self.cpu_s: dict[str, float] = {}
         self.machine_busy_s = 0.0
         self._first: dict[int, float] = {}  # pid -> CPU seconds when first seen
@@ -100,7 +102,6 @@ class ServerUsage:
         while True:
             pids = {pid for leader in self.leaders for pid in group_members(leader)}
             self.peak_mib = max(self.peak_mib, sum(rss_mib(pid) or 0.0 for pid in pids))
-            self.peak_pss_mib = max(self.peak_pss_mib, sum(pss_mib(pid) or 0.0 for pid in pids))
             for pid in pids:
                 used = cpu_seconds(pid)
                 if used is None:
@@ -119,6 +120,8 @@ class ServerUsage:
     def __exit__(self, *_: type[BaseException] | BaseException | TracebackType | None) -> None:
         self._done.set()
         self._thread.join()
+        pids = {pid for leader in self.leaders for pid in group_members(leader)}
+        self.pss_mib = sum(pss_mib(pid) or 0.0 for pid in pids)
         self.machine_busy_s += machine_busy_seconds()
         for pid, first in self._first.items():
             label = self._labels[pid]

@@ -129,7 +129,7 @@ def test_our_kv_cache_is_sized_as_llama_cpps(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_the_table_gives_peak_rss_and_pss() -> None:
-    report = {**_report(60.0), "peak_rss_mib": 3000.0, "peak_pss_mib": 2000.4}
+    report = {**_report(60.0), "peak_rss_mib": 3000.0, "pss_mib": 2000.4}
     assert "| 3000 / 2000 |" in bench.table({"4": report}, None)
 
 
