@@ -14,28 +14,27 @@ from launcher.processes import group_members
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def rss_mib(pid: int) -> float | None:
-    """VmRSS of `pid` in MiB, None once it is gone."""
+def _kib_field_mib(path: str, field: str) -> float | None:
+    """The `field:  N kB` line of a /proc file in MiB, None once the process is gone."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024
     except OSError:
         return None
     return None
+
+
+def rss_mib(pid: int) -> float | None:
+    """VmRSS of `pid` in MiB, None once it is gone."""
+    return _kib_field_mib(f"/proc/{pid}/status", "VmRSS:")
 
 
 def pss_mib(pid: int) -> float | None:
     """Proportional set size of `pid` in MiB (its private pages, and each shared page divided among
     the processes mapping it), None once it is gone. Summed over a server's processes it counts a
     shared library once, where summed RSS counts it in every process (each stub maps torch)."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
+    return _kib_field_mib(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 def cpu_seconds(pid: int) -> float | None:

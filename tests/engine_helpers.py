@@ -86,3 +86,18 @@ def run_all(
     stats = engine.stats()
     assert stats["kv_blocks_used"] == 0 and stats["running"] == stats["waiting"] == 0
     return engine, seqs
+
+
+def generate_beams(model: torch.nn.Module, prompt: list[int], width: int, new: int) -> list[list[int]]:
+    """transformers `generate`'s `width` beams after `prompt` (end id 0, early stopping), each cut
+    after its end token, as the engine's beam results hold them."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), num_beams=width, num_return_sequences=width, do_sample=False,
+            max_new_tokens=new, early_stopping=True, eos_token_id=0, pad_token_id=0,
+        )  # fmt: skip
+    beams = []
+    for row in out:
+        tokens = row[len(prompt) :].tolist()
+        beams.append(tokens[: tokens.index(0) + 1] if 0 in tokens else tokens)
+    return beams

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_helpers import fp32_runner, request, run_all
+from engine_helpers import fp32_runner, generate_beams, request, run_all
 from transformers import AutoModelForCausalLM, MistralConfig
 
 from tritonlm.sampling.params import SamplingParams
@@ -116,15 +116,7 @@ def test_beams_forked_past_the_window_equal_generate(mistral):
     model, path = mistral
     prompt = torch.randint(3, 256, (3 * W,), generator=torch.Generator().manual_seed(2)).tolist()
     width, new = 3, 2 * W
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]), num_beams=width, num_return_sequences=width, do_sample=False,
-            max_new_tokens=new, early_stopping=True, eos_token_id=0, pad_token_id=0,
-        )  # fmt: skip
-    expected = []
-    for row in out:
-        tokens = row[len(prompt) :].tolist()
-        expected.append(tokens[: tokens.index(0) + 1] if 0 in tokens else tokens)
+    expected = generate_beams(model, prompt, width, new)
     runner = fp32_runner(
         path, "sdpa", max_seq_len=MAX_SEQ_LEN, block_size=BLOCK, max_num_seqs=4, max_num_batched_tokens=16
     )

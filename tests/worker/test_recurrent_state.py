@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from engine_helpers import fp32_runner, request, run_all, sequence
+from engine_helpers import fp32_runner, generate_beams, request, run_all, sequence
 from test_bfloat16 import NEAR_TIE
 from transformers import AutoModelForCausalLM, Qwen3NextConfig
 
@@ -167,15 +167,7 @@ def test_beams_equal_generate(fp32_model):
     model, path = fp32_model
     prompt = prompts()[0]
     width, new = 3, MAX_SEQ_LEN - len(prompt)
-    with torch.no_grad():
-        out = model.generate(
-            torch.tensor([prompt]), num_beams=width, num_return_sequences=width, do_sample=False,
-            max_new_tokens=new, early_stopping=True, eos_token_id=0, pad_token_id=0,
-        )  # fmt: skip
-    expected = []
-    for row in out:
-        tokens = row[len(prompt) :].tolist()
-        expected.append(tokens[: tokens.index(0) + 1] if 0 in tokens else tokens)
+    expected = generate_beams(model, prompt, width, new)
     runner = fp32_runner(path, "sdpa", max_seq_len=MAX_SEQ_LEN, max_num_seqs=4, max_num_batched_tokens=16)
     engine, (seq,) = run_all(runner, [request(prompt, new, SamplingParams(end_id=0), beam_width=width)])
     assert [b.tokens for b in seq.group.results] == expected
