@@ -64,7 +64,7 @@ class BeamGroup:
             end_ids.add(params.end_id)
         self.search = BeamSearch(
             request.beam_width,
-            min(request.max_new_tokens, max_seq_len - len(request.prompt_ids)),
+            request.new_token_room(max_seq_len),
             end_ids,
             request.len_penalty,
             early_stopping_mode(request.early_stopping),

@@ -99,7 +99,8 @@ class Engine:
         model cannot serve exactly (`recurrent_refusal`) is a ValueError (serving refuses it first)."""
         if self.runner.state_slots and (why := recurrent_refusal(request.draft is not None)):
             raise ValueError(why)
-        if why := self.beam_room.refusal(request.beam_width, len(request.prompt_ids), self._room(request)):
+        room = request.new_token_room(self.runner.config.max_seq_len)
+        if why := self.beam_room.refusal(request.beam_width, len(request.prompt_ids), room):
             raise ValueError(why)
         guide = request.guide
         seq = Sequence.start(
@@ -125,10 +126,6 @@ class Engine:
                 return None
         seqs = [self.add(r, is_cancelled) for r in requests]
         return None if None in seqs else seqs  # type: ignore[return-value]
-
-    def _room(self, request: Request) -> int:
-        """The tokens `request` may generate: its max_new_tokens within max_seq_len."""
-        return min(request.max_new_tokens, self.runner.config.max_seq_len - len(request.prompt_ids))
 
     def _enqueue(self, seq: Sequence) -> bool:
         runs = seq

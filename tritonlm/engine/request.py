@@ -139,6 +139,10 @@ class Request:
         """The logits of every prompt position are wanted (so no prefix-cache reuse)."""
         return self.params.return_context_logits or self.params.return_prompt_log_probs
 
+    def new_token_room(self, max_seq_len: int) -> int:
+        """The tokens it may generate: max_new_tokens, within max_seq_len after the prompt."""
+        return min(self.max_new_tokens, max_seq_len - len(self.prompt_ids))
+
 
 def recurrent_refusal(draft: bool) -> str:
     """Why a model that keeps a recurrent state per sequence (linear-attention layers) cannot serve

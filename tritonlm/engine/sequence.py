@@ -147,7 +147,7 @@ class Sequence:
         chunk; never past the limits), and a resumed stream's output so far."""
         spec_tokens: list[int] = []
         if request.draft is not None:
-            room = min(request.max_new_tokens, max_seq_len - len(request.prompt_ids)) - 1
+            room = request.new_token_room(max_seq_len) - 1
             spec_tokens = list(request.draft.ids[: max(room, 0)])
         seq = cls(
             request,
