@@ -14,7 +14,7 @@ from tritonlm.engine.loop import Engine
 from tritonlm.engine.request import Request
 from tritonlm.engine.sequence import Sequence
 from tritonlm.sampling.params import SamplingParams
-from tritonlm.worker import fused
+from tritonlm.worker import fused, step_inputs
 from tritonlm.worker.model_runner import ModelRunner
 
 
@@ -101,3 +101,31 @@ def generate_beams(model: torch.nn.Module, prompt: list[int], width: int, new: i
         tokens = row[len(prompt) :].tolist()
         beams.append(tokens[: tokens.index(0) + 1] if 0 in tokens else tokens)
     return beams
+
+
+def compare_graph_steps(runner: ModelRunner, atol: float) -> list[int]:
+    """Runs staggered requests; each decode step the graphs take is also run the ordinary way
+    (writing the same keys and values again) and their logits compared. Returns the batch sizes
+    compared; the greedy tokens are the graphs'."""
+    graphs, execute = runner.decode_graphs, runner.execute
+    compared = []
+
+    def both(work):
+        out = execute(work)
+        step = step_inputs.build(work, runner.attention)
+        if graphs.runs(step.packed, list(range(len(work))), bool(step.embed_at), [None]):
+            runner.decode_graphs = None
+            reference = execute(work)
+            runner.decode_graphs = graphs
+            if atol == 0:
+                assert torch.equal(out.logits, reference.logits)
+            else:
+                torch.testing.assert_close(out.logits, reference.logits, rtol=0, atol=atol)
+            assert torch.equal(out.logits.argmax(-1), reference.logits.argmax(-1))
+            compared.append(len(work))
+        return out
+
+    runner.execute = both
+    prompts = [list(range(10, 80)), [5, 6, 7], list(range(100, 130))]
+    run_all(runner, [request(p, 10, SamplingParams()) for p in prompts], stagger=True)
+    return compared

@@ -163,8 +163,9 @@ class EngineConfig:
         False,
         "a step whose every sequence decodes one token runs as one call per batch-size bucket "
         "(powers of two up to max_num_seqs) over inputs filled in place: on CPU compiled by torch "
-        "Inductor at start-up (about a minute per bucket on a small CPU), on CUDA captured as CUDA "
-        "graphs; needs the model's fast path (model_path) and attention_backend cpu_paged",
+        "Inductor at start-up (about a minute per bucket on a small CPU; needs the model's fast path, "
+        "model_path, and attention_backend cpu_paged), on CUDA captured as CUDA graphs (attention_backend "
+        "sdpa; a model with sliding windows, soft-capping or sinks keeps the eager step)",
     )
     model_path: str = setting(
         "auto",

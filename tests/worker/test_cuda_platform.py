@@ -1,15 +1,20 @@
 """The engine on the CUDA platform: a small random Llama's greedy tokens through the engine (the
-platform's attention backend, host tensors copied up without blocking) equal transformers
-`generate` on the same GPU. Skipped, naming CUDA, where torch sees none; self-contained (no session
-fixtures), so it runs on a GPU machine with `pytest --noconftest`."""
+platform's attention backend, host tensors copied up without blocking), with and without decode
+graphs (`decode_graphs`: CUDA graphs over sdpa's static step), equal transformers `generate` on the
+same GPU, each graph's logits equal the eager step's, and a greedy decode step synchronises with the
+GPU once (its tokens' copy back). Skipped, naming CUDA, where torch sees
+none; self-contained (no session fixtures), so it runs on a GPU machine with `pytest --noconftest`."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
-from engine_helpers import fp32_runner, request, run_all
+from engine_helpers import compare_graph_steps, fp32_runner, request, run_all
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tritonlm.engine.loop import Engine
 from tritonlm.platforms.cuda import CudaPlatform
 from tritonlm.sampling.params import SamplingParams
 
@@ -29,10 +34,16 @@ def llama_dir(tmp_path_factory):
     return out
 
 
-def test_greedy_on_cuda_equals_transformers_generate(llama_dir):
-    runner = fp32_runner(
-        llama_dir, "auto", device="cuda", max_num_seqs=4, max_seq_len=128, kv_cache_blocks=64
-    )
+def _runner(llama_dir, decode_graphs: bool):
+    return fp32_runner(
+        llama_dir, "auto", device="cuda", max_num_seqs=4, max_seq_len=128, kv_cache_blocks=64,
+        decode_graphs=decode_graphs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("decode_graphs", [False, True])
+def test_greedy_on_cuda_equals_transformers_generate(llama_dir, decode_graphs):
+    runner = _runner(llama_dir, decode_graphs)
     assert runner.platform.name == "cuda" and runner.device.type == "cuda"
     assert runner.fast_path is None  # no fast path is registered for CUDA yet
     model = LlamaForCausalLM.from_pretrained(llama_dir, dtype=torch.float32).to("cuda").eval()
@@ -47,3 +58,28 @@ def test_greedy_on_cuda_equals_transformers_generate(llama_dir):
         ]
     _, seqs = run_all(runner, [request(p, 16, SamplingParams()) for p in prompts], stagger=True)
     assert [s.output_ids for s in seqs] == refs
+
+
+def test_decode_graphs_give_the_eager_steps_logits(llama_dir):
+    runner = _runner(llama_dir, decode_graphs=True)
+    assert runner.attention.name == "sdpa" and runner.decode_graphs.sizes == [1, 2, 4]
+    compared = compare_graph_steps(runner, atol=1e-4)
+    assert 3 in compared  # padded to 4 (a fast GPU may admit all three before the first decode)
+
+
+def test_a_greedy_decode_step_synchronises_once(llama_dir):
+    engine = Engine(_runner(llama_dir, decode_graphs=True), lambda seq, n: None)
+    seqs = [engine.add(request(p, 8, SamplingParams())) for p in ([5, 6, 7], [9, 10, 11, 12])]
+    while any(len(s.output_ids) < 2 for s in seqs):  # the prefill, then a decode step
+        engine.step()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")  # a warning at each synchronising call
+        try:
+            engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "called a synchronizing" in str(w.message)]
+    assert len(syncs) == 1, syncs
+    assert all(len(s.output_ids) == 3 for s in seqs)

@@ -12,15 +12,14 @@ import os
 
 import pytest
 import torch
-from engine_helpers import request, run_all
+from engine_helpers import compare_graph_steps
 
 from tritonlm.config import EngineConfig
 from tritonlm.platforms.base import Platform
 from tritonlm.platforms.cpu import CpuPlatform
 from tritonlm.platforms.cuda import CudaPlatform
-from tritonlm.sampling.params import SamplingParams
 from tritonlm.settings import ConfigError
-from tritonlm.worker import cpu_kernels, decode_graph, step_inputs
+from tritonlm.worker import cpu_kernels, decode_graph
 from tritonlm.worker.model_runner import ModelRunner
 
 NO_KERNELS = cpu_kernels.unavailable()
@@ -55,41 +54,36 @@ def _runner(model_dir, dtype: str, max_num_seqs: int = 4, **settings) -> ModelRu
     )
 
 
-def _compare_graph_steps(runner: ModelRunner, atol: float) -> list[int]:
-    """Runs staggered requests; each decode step the graphs take is also run the ordinary way
-    (writing the same keys and values again) and their logits compared. Returns the batch sizes
-    compared; the greedy tokens are the graphs'."""
-    graphs, execute = runner.decode_graphs, runner.execute
-    compared = []
-
-    def both(work):
-        out = execute(work)
-        step = step_inputs.build(work, runner.attention)
-        if graphs.runs(step.packed, list(range(len(work))), bool(step.embed_at), [None]):
-            runner.decode_graphs = None
-            reference = execute(work)
-            runner.decode_graphs = graphs
-            if atol == 0:
-                assert torch.equal(out.logits, reference.logits)
-            else:
-                torch.testing.assert_close(out.logits, reference.logits, rtol=0, atol=atol)
-            assert torch.equal(out.logits.argmax(-1), reference.logits.argmax(-1))
-            compared.append(len(work))
-        return out
-
-    runner.execute = both
-    prompts = [list(range(10, 80)), [5, 6, 7], list(range(100, 130))]
-    run_all(runner, [request(p, 10, SamplingParams()) for p in prompts], stagger=True)
-    return compared
-
-
 @needs_kernels
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_padded_rows_never_change_the_real_rows(model_dir, dtype, monkeypatch):
     monkeypatch.setattr(CpuPlatform, "one_call", Platform.one_call)  # eager: padding alone compared
     runner = _runner(model_dir, dtype)
     assert runner.decode_graphs.sizes == [1, 2, 4]
-    compared = _compare_graph_steps(runner, atol=0)
+    compared = compare_graph_steps(runner, atol=0)
+    assert 3 in compared and 1 in compared  # padded to 4, and a bucket exactly full
+
+
+class _EagerCpu(CpuPlatform):
+    """The CPU with its one call left eager: a stand-in for CUDA's platform, whose graphs run sdpa's
+    static step (`attention/paged.py`), so that that step and its padding are compared here."""
+
+    name = "eager-cpu"
+    one_call = Platform.one_call
+
+
+def test_sdpa_static_step_gives_the_ordinary_steps_logits(model_dir):
+    runner = ModelRunner(
+        EngineConfig(
+            str(model_dir), dtype="float32", attention_backend="sdpa", model_path="transformers",
+            max_num_seqs=4, max_num_batched_tokens=48, block_size=8, max_seq_len=128,
+        )
+    )  # fmt: skip
+    runner.attention.workspace = None  # as on CUDA: the eager decodes gather their blocks
+    platform = _EagerCpu(torch.device("cpu"))
+    graphs = decode_graph.DecodeGraphs(runner.generic, runner.attention, platform, [1, 2, 4], width=16)
+    runner.decode_graphs = graphs
+    compared = compare_graph_steps(runner, atol=1e-4)  # another order of the same sums
     assert 3 in compared and 1 in compared  # padded to 4, and a bucket exactly full
 
 
@@ -103,7 +97,7 @@ def test_decode_graphs_need_cpu_paged(model_dir):
 @pytest.mark.parametrize(("dtype", "atol"), [("float32", 1e-4), ("bfloat16", 0)])
 def test_compiled_steps_give_the_ordinary_steps_tokens(model_dir, dtype, atol):
     runner = _runner(model_dir, dtype, max_num_seqs=2)
-    compared = _compare_graph_steps(runner, atol)
+    compared = compare_graph_steps(runner, atol)
     assert 1 in compared and 2 in compared
 
 

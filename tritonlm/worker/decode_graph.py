@@ -5,19 +5,20 @@ bucket of the smallest batch size that holds it (`buckets`: powers of two up to 
 and `max_num_seqs`). Each bucket has fixed shapes: its rows of static buffers (ids, positions, KV
 slots, block tables of a fixed width, the attention's row lengths), filled in place each step, and
 the model path's forward over them made one call at start-up by the platform
-(`Platform.one_call`: the CPU compiles it with Inductor, CUDA captures a CUDA graph). On CUDA no
-backend fills its metadata in place yet (its one, `sdpa`, builds masks per step), so `build` says
-why not there; the capture itself is written and tested where a GPU is (tests/worker/
-test_decode_graph.py).
+(`Platform.one_call`). The backend reads them as `PagedMetadata` (`attention/paged.py`).
+
+- On the CPU, Inductor compiles the fast path (`model_path`) over `cpu_paged`'s kernel.
+- On CUDA, the step is captured as a CUDA graph: the model's path (the fast path where one is
+  registered, else transformers' modules) over `sdpa`, which reads the static metadata with
+  `paged.attend` (plain layers only: a window, soft-cap or sink keeps the eager step).
 
 Padded rows (the bucket's rows beyond the step's) feed token 0 at position 0, write their keys and
 values to the KV cache's null slot and read only the null block; real rows never read the null
-block (their tables name their own blocks up to their length), so padded rows never change what
-real rows compute. The null block stays zero for the `sdpa` backend's gathers only; this module
-runs on `cpu_paged` (the one backend whose metadata it fills), which never reads it for a real row.
+block unmasked (their tables name their own blocks up to their length), so padded rows never
+change what real rows compute.
 
 Inductor cannot lower a projection whose weight is not a constant of the graph (oneDNN's packed
-weight, the quantized forms), so each projection is called through one opaque op
+weight, the quantized forms), so on the CPU each projection is called through one opaque op
 (`tritonlm_graph::project`) that runs it by its linear method, unchanged; the graph fuses what lies
 between them (views, the cache writes, the rotary and norm kernels' calls)."""
 
@@ -35,7 +36,9 @@ import torch
 from tritonlm.platforms.base import Platform
 from tritonlm.worker import cpu_kernels
 from tritonlm.worker.attention.base import AttentionBackend, PackedStep
-from tritonlm.worker.attention.cpu_paged import CpuPagedBackend, PagedMetadata
+from tritonlm.worker.attention.cpu_paged import CpuPagedBackend
+from tritonlm.worker.attention.paged import PagedMetadata
+from tritonlm.worker.attention.sdpa import SdpaBackend
 from tritonlm.worker.linear import Projection
 from tritonlm.worker.model_paths.base import ForwardInputs, ModelPath
 
@@ -129,6 +132,23 @@ def bucket_for(rows: int, sizes: Sequence[int]) -> int | None:
     return next((size for size in sizes if size >= rows), None)
 
 
+def _cannot(path: ModelPath, backend: AttentionBackend, platform: Platform) -> str | None:
+    """Why a step over `path` and `backend` cannot be made one call on `platform`, or None."""
+    if platform.name == "cpu":
+        if path.name == "transformers":
+            return "on the CPU the step compiles over a fast path only; this model has none (model_path)"
+        if not isinstance(backend, CpuPagedBackend):
+            return f"attention_backend {backend.name!r}: on the CPU only cpu_paged's kernel compiles"
+        if cpu_kernels.unavailable() is not None:
+            return f"the CPU kernels are unavailable: {cpu_kernels.unavailable()}"
+        return None
+    if not isinstance(backend, SdpaBackend) or isinstance(backend, CpuPagedBackend):
+        return f"attention_backend {backend.name!r}: only sdpa reads a static step here"
+    if backend.rules:
+        return "a layer has a sliding window, soft-cap or sinks, which the static step does not compute"
+    return None
+
+
 @dataclass
 class _Bucket:
     metadata: PagedMetadata  # views of the static buffers' first `size` rows
@@ -136,12 +156,13 @@ class _Bucket:
 
 
 class DecodeGraphs:
-    """The buckets' graphs over one model path and its `cpu_paged` backend."""
+    """The buckets' graphs over one model path and its backend (`cpu_paged`, or `sdpa` on CUDA)."""
 
     def __init__(
-        self, path: ModelPath, backend: CpuPagedBackend, platform: Platform, sizes: list[int], width: int
+        self, path: ModelPath, backend: SdpaBackend, platform: Platform, sizes: list[int], width: int
     ) -> None:
         self.backend = backend
+        self.platform = platform
         self.sizes = sizes
         self.width = width
         self.null_block = backend.cache.num_blocks
@@ -152,12 +173,13 @@ class DecodeGraphs:
         self.tables = torch.full((most, width), self.null_block, dtype=torch.int32, device=device)
         self.row_seq = torch.arange(most, dtype=torch.int32, device=device)
         self.row_len = torch.ones(most, dtype=torch.int32, device=device)
-        _register_fakes()
-        opaque = _opaque_path(path)
+        if platform.name == "cpu":  # Inductor's needs: see the module's docstring
+            _register_fakes()
+            path = _opaque_path(path)
         self.buckets: dict[int, _Bucket] = {}
         for size in sizes:
             start = time.perf_counter()
-            self.buckets[size] = self._make(opaque, platform, size)
+            self.buckets[size] = self._make(path, platform, size)
             log.info("decode graph of batch %d made in %.1f s", size, time.perf_counter() - start)
 
     @classmethod
@@ -169,13 +191,11 @@ class DecodeGraphs:
         max_num_seqs: int,
         max_seq_len: int,
     ) -> DecodeGraphs | str:
-        """The graphs, made now (minutes on a small CPU), or why this engine cannot have them."""
-        if path is None:
-            return "the model runs on transformers' modules (no fast path: model_path)"
-        if not isinstance(backend, CpuPagedBackend):
-            return f"attention_backend {backend.name!r}: only cpu_paged's metadata is filled in place"
-        if platform.name == "cpu" and cpu_kernels.unavailable() is not None:
-            return f"the CPU kernels are unavailable: {cpu_kernels.unavailable()}"
+        """The graphs over `path` (the fast path, else transformers' modules), made now (minutes on a
+        small CPU), or why this engine cannot have them."""
+        why = _cannot(path, backend, platform)
+        if why is not None:
+            return why
         width = -(-max_seq_len // backend.block_size)
         with torch.inference_mode():
             return cls(path, backend, platform, buckets(max_num_seqs), width)
@@ -209,17 +229,19 @@ class DecodeGraphs:
         )
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, step: PackedStep) -> torch.Tensor:
-        """The step's logits [sequences, vocab] (`runs` said yes): its inputs copied into the
-        bucket's rows, the padded rows reset to the null slot, the bucket's one call."""
+        """The step's logits [sequences, vocab] (`runs` said yes; `ids` and `positions` on the host):
+        its inputs copied into the bucket's rows, the padded rows reset to the null slot, the
+        bucket's one call."""
         n = len(step.num_new)
         size = bucket_for(n, self.sizes)
         width, null = self.width, self.null_block
         tables = [t[:width] + [null] * (width - len(t[:width])) for t in step.block_tables]
-        self.ids[:n].copy_(ids)
-        self.positions[:n].copy_(positions)
-        self.slots[:n].copy_(step.slot_mapping)
-        self.tables[:n].copy_(torch.tensor(tables, dtype=torch.int32))
-        self.row_len[:n].copy_(positions + 1)
+        up = self.platform.to_device  # the host's tensors up without blocking (CUDA: pinned)
+        self.ids[:n].copy_(up(ids))
+        self.positions[:n].copy_(up(positions))
+        self.slots[:n].copy_(up(step.slot_mapping))
+        self.tables[:n].copy_(up(torch.tensor(tables, dtype=torch.int32)))
+        self.row_len[:n].copy_(self.positions[:n] + 1)
         if n < size:
             self._pad(n, size)
         bucket = self.buckets[size]

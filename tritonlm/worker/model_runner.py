@@ -115,7 +115,11 @@ class ModelRunner:
     def _decode_graphs(self) -> DecodeGraphs:
         """The decode steps' graphs (`decode_graphs`), made now, or a ConfigError saying why not."""
         graphs = DecodeGraphs.build(
-            self.fast_path, self.attention, self.platform, self.config.max_num_seqs, self.config.max_seq_len
+            self.fast_path or self.generic,
+            self.attention,
+            self.platform,
+            self.config.max_num_seqs,
+            self.config.max_seq_len,
         )
         if isinstance(graphs, str):
             raise ConfigError(f"decode_graphs: true cannot run here: {graphs}")

@@ -26,23 +26,13 @@ Offered only where the kernel is built for this source and torch and the CPU run
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
 from tritonlm.worker import cpu_kernels
 from tritonlm.worker.attention.base import NOTHING, LayerShape, PackedStep
+from tritonlm.worker.attention.paged import PagedMetadata
 from tritonlm.worker.attention.sdpa import SdpaBackend
-
-
-@dataclass
-class PagedMetadata:
-    """Where a step's tokens go and what each reads."""
-
-    slot_mapping: torch.Tensor  # [tokens]: the cache slot of each new token
-    tables: torch.Tensor  # [sequences, blocks], int32: the step's sequences' block tables
-    row_seq: torch.Tensor  # [tokens], int32: each token's row of `tables`
-    row_len: torch.Tensor  # [tokens], int32: the positions each token sees (its own included)
 
 
 class CpuPagedBackend(SdpaBackend):

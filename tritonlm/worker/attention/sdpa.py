@@ -20,6 +20,11 @@ soft-capping or sinks through `explicit.attention` instead of SDPA. Plain layers
 When every layer has a window, the engine releases the blocks behind it (`step.Worker.kv_window`):
 their table entries name the pool's zero null block, so the gathers, the prefixes and the decode
 workspace's fills read zeros there, at positions every layer's window mask hides.
+
+A decode graph's step (`worker/decode_graph.py`, plain layers only) hands it `PagedMetadata`
+instead: the same writes, then `paged.attend` over fixed-width block tables, static shapes for a
+CUDA graph. Its padded rows write finite keys and values into the null block, which every reader
+masks.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from collections.abc import Callable, Mapping
 import torch
 import torch.nn.functional as F
 
-from tritonlm.worker.attention import explicit, sdpa_metadata
+from tritonlm.worker.attention import explicit, paged, sdpa_metadata
 from tritonlm.worker.attention.base import (
     FEATURES,
     NOTHING,
@@ -115,12 +120,15 @@ class SdpaBackend(AttentionBackend):
         scaling: float | None,
         handed: Mapping[str, object] = NOTHING,
     ) -> torch.Tensor:
-        meta: SdpaMetadata = self.metadata
+        meta: SdpaMetadata | paged.PagedMetadata = self.metadata
         layer = module.layer_idx
         gqa = query.shape[1] != key.shape[1]
         k_pool, v_pool = self.cache.keys[layer], self.cache.values[layer]
         k_pool.index_copy_(0, meta.slot_mapping, key[0].transpose(0, 1))
         v_pool.index_copy_(0, meta.slot_mapping, value[0].transpose(0, 1))
+        if isinstance(meta, paged.PagedMetadata):  # a decode graph's step: static shapes
+            q = query[0].transpose(0, 1)
+            return paged.attend(q, k_pool, v_pool, meta, self.block_size, scaling)[None]
         rule = self.rules.get(layer)  # None for a plain layer: SDPA under the causal masks
         attend, masks = (F.scaled_dot_product_attention, None) if rule is None else _ruled(rule, meta, handed)
         outputs = []

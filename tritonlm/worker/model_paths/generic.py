@@ -31,12 +31,13 @@ class TransformersPath(ModelPath):
         else:
             fed = {"inputs_embeds": inputs.embeds[None]}
         keep = inputs.keep
+        # Every row kept (a decode step): 0, which keeps all without copying `keep` to the device
+        # (a CUDA graph's capture allows no such copy).
+        every = len(keep) == inputs.positions.shape[0] and keep == list(range(len(keep)))
+        to_keep = 0 if every else torch.tensor(keep, dtype=torch.long, device=self.device)
         with self.lora.step(inputs.adapters, inputs.rows, self.device):
             out = self.model(
-                **fed,
-                position_ids=inputs.positions[None],
-                use_cache=False,
-                logits_to_keep=torch.tensor(keep, dtype=torch.long, device=self.device),
+                **fed, position_ids=inputs.positions[None], use_cache=False, logits_to_keep=to_keep
             )
         logits = out.logits[0]
         if logits.shape[0] != len(keep):  # a model that ignores logits_to_keep (e.g. Qwen2Audio)
