@@ -2,7 +2,8 @@
 decoder layer's elementwise kernels (`csrc/cpu_layer_ops.cpp`, used by `worker/fused.py` and
 `worker/model_paths/decoder_stack.py`) and the projection at a few rows (`csrc/cpu_gemv.cpp`, the
 `gemv` linear method) and of GGUF's Q8_0 and Q6_K blocks (`csrc/cpu_gguf.cpp`, the `gguf` linear
-method), in one library built ahead of time and loaded when used.
+method) and a decode step's decoder layers in one call (`csrc/cpu_decoder_layers.cpp`,
+`model_paths/layers_call.py`), in one library built ahead of time and loaded when used.
 
 `make setup` builds it (`python -m tritonlm.worker.cpu_kernels`, through
 `tritonlm/setup.py`) with `torch.utils.cpp_extension` into `build/cpu_attention/`, beside a
@@ -26,7 +27,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = [
     ROOT / "csrc" / name
-    for name in ("cpu_vector.h", "cpu_attention.cpp", "cpu_layer_ops.cpp", "cpu_gemv.cpp", "cpu_gguf.cpp")
+    for name in (
+        "cpu_vector.h",
+        "cpu_attention.cpp",
+        "cpu_layer_ops.cpp",
+        "cpu_gemv.cpp",
+        "cpu_gguf.cpp",
+        "cpu_decoder_layers.cpp",
+    )
 ]
 BUILD_DIR = ROOT / "build" / "cpu_attention"
 NAME = "tritonlm_cpu_attention"

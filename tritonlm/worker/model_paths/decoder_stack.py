@@ -10,7 +10,8 @@ cost as much as a fifth of the step, more while serving shares the cores. Here a
     → o projection → residual add + RMSNorm → gate/up projection → SiLU-and-mul
     → down projection → residual add + RMSNorm (the next layer's input norm, or the final one)
 
-on the same modules and weights: `fused`'s projections (by their linear methods, q/k/v biases
+on the same modules and weights (at a decode step of one or two rows, all of it one C++ call where
+the layers fit it: `layers_call.py`): `fused`'s projections (by their linear methods, q/k/v biases
 included), the backend's `forward` (the seam is unchanged: it writes the layer's keys and values and
 attends, a sliding window or other rule by the layer's own `LayerRule`), and the C++ kernels
 (`rotary`, `add_rms_norm`, `silu_and_mul`), which round where transformers rounds, so the logits are
@@ -43,6 +44,7 @@ from tritonlm.worker import cpu_kernels, fused
 from tritonlm.worker.attention.base import FEATURES, NOTHING, AttentionBackend
 from tritonlm.worker.linear import Projection
 from tritonlm.worker.model_paths.base import ForwardInputs, ModelPath
+from tritonlm.worker.model_paths.layers_call import LayersCall
 
 # The module classes a family's forward is made of, by transformers' suffix.
 PARTS = ("ForCausalLM", "Model", "DecoderLayer", "Attention", "RotaryEmbedding")
@@ -217,6 +219,10 @@ class DecoderStack(ModelPath):
         self.scales = scales
         self.ops = cpu_kernels.kernels()
         self._handed: list[Mapping[str, object]] | None = None  # each layer's, after the probe
+        # A decode step's layers as one C++ call where they fit it (else None: the loop below).
+        call = LayersCall.build(layers, self.next_norms, scales.residual, attention)
+        self.layers_call = call if isinstance(call, LayersCall) else None
+        self.layers_call_refused = call if isinstance(call, str) else None
 
     @classmethod
     def build(cls, model: nn.Module, attention: AttentionBackend, platform: Platform) -> ModelPath | str:
@@ -253,6 +259,9 @@ class DecoderStack(ModelPath):
         cos, sin = (t[0] for t in self.rotary(residual[None], positions[None]))
         x = torch.empty_like(residual)
         self.ops.rms_norm(x, residual, self.input_norm.weight, self.input_norm.eps, True)
+        if self.layers_call is not None and self.layers_call.runs(x.shape[0], keep):
+            self.layers_call(x, residual, cos, sin)
+            return self._logits(x)
         last = len(self.layers) - 1
         handed = self._layer_kwargs()
         for i, layer in enumerate(self.layers):
@@ -263,8 +272,11 @@ class DecoderStack(ModelPath):
                 kept = torch.tensor(keep, dtype=torch.long)
                 residual, out, x = residual[kept], out[kept], x[kept]
             self._add_norm(x, residual, out, self.next_norms[i])
+        return self._logits(x)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
         logits = self.head(x)
-        return logits if scales.logits == 1.0 else logits / scales.logits
+        return logits if self.scales.logits == 1.0 else logits / self.scales.logits
 
     def _layer_kwargs(self) -> list[Mapping[str, object]]:
         """What each layer hands the backend beyond q, k, v and scaling (a window, sinks: `FEATURES`),

@@ -1,0 +1,92 @@
+"""A decode step's decoder layers in one C++ call (tritonlm/worker/model_paths/layers_call.py): at one
+and two rows its logits are the Python loop's bitwise, in both dtypes, for the layer shapes it
+takes (Llama's, Qwen2's q/k/v biases, Phi-3's packed projections and partial rotary embedding), and
+every such step takes it; the layers it does not take (Qwen3's head norms, Granite's multiplier, an
+int8 KV cache, another backend or linear method) say why and keep the loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_helpers import request, run_all
+from test_decoder_stack import CONFIGS, _checkpoint
+
+from tritonlm.config import EngineConfig
+from tritonlm.sampling.params import SamplingParams
+from tritonlm.worker import cpu_kernels
+from tritonlm.worker.model_paths.layers_call import LayersCall
+from tritonlm.worker.model_runner import ModelRunner
+
+pytestmark = pytest.mark.skipif(cpu_kernels.unavailable() is not None, reason=f"{cpu_kernels.unavailable()}")
+
+
+def _runner(model_dir, dtype: str, attention_backend: str = "cpu_paged", **settings) -> ModelRunner:
+    return ModelRunner(
+        EngineConfig(
+            str(model_dir), dtype=dtype, attention_backend=attention_backend, max_num_seqs=2,
+            max_num_batched_tokens=48, block_size=8, **settings,
+        )
+    )  # fmt: skip
+
+
+def _compare_with_the_loop(runner, monkeypatch) -> list[int]:
+    """Runs staggered requests; each step the call takes is run again through the loop (the same
+    keys and values written again) and their logits compared bitwise. Returns the rows compared."""
+    call, execute = runner.fast_path.layers_call, runner.execute
+    assert call is not None, runner.fast_path.layers_call_refused
+    taken = []
+    original = LayersCall.__call__
+
+    def counted(self, *args):
+        taken.append(args[0].shape[0])
+        return original(self, *args)
+
+    monkeypatch.setattr(LayersCall, "__call__", counted)
+    compared = []
+
+    def both(work):
+        before = len(taken)
+        out = execute(work)
+        if len(taken) > before:
+            runner.fast_path.layers_call = None
+            reference = execute(work)
+            runner.fast_path.layers_call = call
+            assert torch.equal(out.logits, reference.logits)
+            compared.append(len(work))
+        return out
+
+    runner.execute = both
+    prompts = [list(range(10, 60)), [5, 6, 7], list(range(100, 130))]
+    run_all(runner, [request(p, 10, SamplingParams()) for p in prompts], stagger=True)
+    return compared
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
+def test_the_call_gives_the_loops_logits(tmp_path, monkeypatch, family, dtype):
+    runner = _runner(_checkpoint(CONFIGS[family], tmp_path), dtype)
+    compared = _compare_with_the_loop(runner, monkeypatch)
+    assert 1 in compared and 2 in compared
+
+
+def test_only_decode_steps_of_a_few_rows_take_it():
+    assert LayersCall.runs(1, [0]) and LayersCall.runs(2, [0, 1])
+    assert not LayersCall.runs(3, [0, 1, 2])  # past gemv's rows: oneDNN's GEMM
+    assert not LayersCall.runs(2, [1])  # a prefill chunk keeps only its last row
+
+
+@pytest.mark.parametrize(
+    ("family", "settings", "why"),
+    [
+        ("qwen3", {}, "norm each query and key head"),
+        ("granite", {}, "scale their residual"),
+        ("llama", {"kv_cache_dtype": "int8"}, "cache in the model's dtype"),
+        ("llama", {"attention_backend": "sdpa"}, "not cpu_paged"),
+        ("llama", {"quantization": "int8"}, "linear method, not gemv"),
+    ],
+)
+def test_other_layers_keep_the_loop_saying_why(tmp_path, family, settings, why):
+    backend = settings.pop("attention_backend", "cpu_paged")
+    runner = _runner(_checkpoint(CONFIGS[family], tmp_path), "bfloat16", backend, **settings)
+    assert runner.fast_path.layers_call is None
+    assert why in runner.fast_path.layers_call_refused
