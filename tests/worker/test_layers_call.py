@@ -1,8 +1,10 @@
 """A decode step's decoder layers in one C++ call (tritonlm/worker/model_paths/layers_call.py): at one
 and two rows its logits are the Python loop's bitwise, in both dtypes, for the layer shapes it
-takes (Llama's, Qwen2's q/k/v biases, Phi-3's packed projections and partial rotary embedding), and
-every such step takes it; the layers it does not take (Qwen3's head norms, Granite's multiplier, an
-int8 KV cache, another backend or linear method) say why and keep the loop."""
+takes (Llama's, Qwen2's q/k/v biases, Phi-3's packed projections and partial rotary embedding) and
+the linear methods it calls (gemv's dense weights, `quantization: int4`, a GGUF file of every type:
+4-bit, Q8_0, Q6_K, dense and dequantized layers), and every such step takes it; the layers it does
+not take (Qwen3's head norms, Granite's multiplier, an int8 KV cache, another backend or linear
+method) say why and keep the loop."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import torch
 from engine_helpers import request, run_all
 from test_decoder_stack import CONFIGS, _checkpoint
 
+from tests.gguf_helpers import mixed_types, write_llama_gguf
+from tritonlm import gguf_checkpoint
 from tritonlm.config import EngineConfig
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker import cpu_kernels
@@ -69,6 +73,15 @@ def test_the_call_gives_the_loops_logits(tmp_path, monkeypatch, family, dtype):
     assert 1 in compared and 2 in compared
 
 
+def test_the_call_gives_the_loops_logits_on_quantized_weights(model_dir, tmp_path, monkeypatch):
+    int4 = _runner(model_dir, "bfloat16", quantization="int4")
+    assert 1 in _compare_with_the_loop(int4, monkeypatch)
+    file = write_llama_gguf(model_dir, tmp_path / "tiny-mixed.gguf", mixed_types)
+    gguf = _runner(gguf_checkpoint.prepare(file, tmp_path / "written"), "bfloat16")
+    assert set(gguf.fast_path.layers_call.kinds) == {0, 1, 2}  # dense, int4 and GGUF blocks
+    assert 1 in _compare_with_the_loop(gguf, monkeypatch)
+
+
 def test_only_decode_steps_of_a_few_rows_take_it():
     assert LayersCall.runs(1, [0]) and LayersCall.runs(2, [0, 1])
     assert not LayersCall.runs(3, [0, 1, 2])  # past gemv's rows: oneDNN's GEMM
@@ -82,7 +95,7 @@ def test_only_decode_steps_of_a_few_rows_take_it():
         ("granite", {}, "scale their residual"),
         ("llama", {"kv_cache_dtype": "int8"}, "cache in the model's dtype"),
         ("llama", {"attention_backend": "sdpa"}, "not cpu_paged"),
-        ("llama", {"quantization": "int8"}, "linear method, not gemv"),
+        ("llama", {"quantization": "int8"}, "'int8' linear method, which it does not call"),
     ],
 )
 def test_other_layers_keep_the_loop_saying_why(tmp_path, family, settings, why):
