@@ -159,13 +159,16 @@ class EngineConfig:
         "served)",
         check=one_of(*QUANTIZATIONS),
     )
-    decode_graphs: bool = setting(
-        False,
+    decode_graphs: bool | None = setting(
+        None,
         "a step whose every sequence decodes one token runs as one call per batch-size bucket "
-        "(powers of two up to max_num_seqs) over inputs filled in place: on CPU compiled by torch "
-        "Inductor at start-up (about a minute per bucket on a small CPU; needs the model's fast path, "
-        "model_path, and attention_backend cpu_paged), on CUDA captured as CUDA graphs (attention_backend "
-        "sdpa; a model with sliding windows, soft-capping or sinks keeps the eager step)",
+        "(powers of two up to max_num_seqs) over inputs filled in place: on CUDA captured as CUDA "
+        "graphs at start-up (attention_backend sdpa; a model with sliding windows, soft-capping or sinks "
+        "keeps the eager step), on CPU compiled by torch Inductor (about a minute per bucket on a small "
+        "CPU; needs the model's fast path, model_path, and attention_backend cpu_paged); unset: on where "
+        "the device captures graphs (CUDA) and the step can be captured, else off; `true` where it "
+        "cannot is refused",
+        shown="`true` on CUDA",
     )
     model_path: str = setting(
         "auto",

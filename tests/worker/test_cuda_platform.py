@@ -1,9 +1,10 @@
 """The engine on the CUDA platform: a small random Llama's greedy tokens through the engine (the
 platform's attention backend, host tensors copied up without blocking), with and without decode
-graphs (`decode_graphs`: CUDA graphs over sdpa's static step), equal transformers `generate` on the
-same GPU, each graph's logits equal the eager step's, and a greedy decode step synchronises with the
-GPU once (its tokens' copy back). Skipped, naming CUDA, where torch sees
-none; self-contained (no session fixtures), so it runs on a GPU machine with `pytest --noconftest`."""
+graphs (`decode_graphs`, on by default there: CUDA graphs over sdpa's static step), equal
+transformers `generate` on the same GPU; each graph's logits equal the eager step's, and a greedy
+decode step synchronises with the GPU once (its tokens' copy back). Skipped, naming CUDA, where
+torch sees none; self-contained (no session fixtures), so it runs on a GPU machine with
+`pytest --noconftest`."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def llama_dir(tmp_path_factory):
     return out
 
 
-def _runner(llama_dir, decode_graphs: bool):
+def _runner(llama_dir, decode_graphs: bool | None):
     return fp32_runner(
         llama_dir, "auto", device="cuda", max_num_seqs=4, max_seq_len=128, kv_cache_blocks=64,
         decode_graphs=decode_graphs,
@@ -58,6 +59,10 @@ def test_greedy_on_cuda_equals_transformers_generate(llama_dir, decode_graphs):
         ]
     _, seqs = run_all(runner, [request(p, 16, SamplingParams()) for p in prompts], stagger=True)
     assert [s.output_ids for s in seqs] == refs
+
+
+def test_decode_graphs_are_on_by_default_on_cuda(llama_dir):
+    assert _runner(llama_dir, decode_graphs=None).decode_graphs is not None
 
 
 def test_decode_graphs_give_the_eager_steps_logits(llama_dir):

@@ -87,6 +87,10 @@ def test_sdpa_static_step_gives_the_ordinary_steps_logits(model_dir):
     assert 3 in compared and 1 in compared  # padded to 4, and a bucket exactly full
 
 
+def test_decode_graphs_are_off_by_default_on_the_cpu(model_dir):
+    assert ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=2)).decode_graphs is None
+
+
 def test_decode_graphs_need_cpu_paged(model_dir):
     with pytest.raises(ConfigError, match="decode_graphs.*cpu_paged"):
         _runner(model_dir, "float32", attention_backend="sdpa")

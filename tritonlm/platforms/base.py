@@ -20,6 +20,8 @@ class Platform(ABC):
     # Whether the KV cache is capped at what max_num_seqs sequences of max_seq_len can use (CPU pages
     # are touched only as blocks come into use; a GPU's memory is the engine's to take).
     kv_capped_by_use: bool = False
+    # Whether `one_call` is cheap enough at start-up to be on by default (`decode_graphs` unset).
+    captures_graphs: bool = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

@@ -17,6 +17,7 @@ class CudaPlatform(Platform):
     name = "cuda"
     attention_backends = ("sdpa",)
     kv_memory_fraction = KV_MEMORY_FRACTION["cuda"]
+    captures_graphs = True  # a bucket's capture takes well under a second (docs/benchmarks.md)
 
     @classmethod
     def unavailable(cls) -> str | None:

@@ -99,7 +99,7 @@ class ModelRunner:
             self.config.kv_cache_blocks, shapes, self.config.max_num_seqs, self.config.max_seq_len
         )
         self.recurrent.allocate(self.state_slots)
-        self.decode_graphs = self._decode_graphs() if self.config.decode_graphs else None
+        self.decode_graphs = self._decode_graphs()
         log.info(
             "engine settings: %s (device %s, dtype %s, attention %s, model path %s, KV cache %.1f MiB, "
             "recurrent state %.1f MiB)",
@@ -112,8 +112,13 @@ class ModelRunner:
             self.recurrent.memory_bytes() / 2**20,
         )
 
-    def _decode_graphs(self) -> DecodeGraphs:
-        """The decode steps' graphs (`decode_graphs`), made now, or a ConfigError saying why not."""
+    def _decode_graphs(self) -> DecodeGraphs | None:
+        """The decode steps' graphs (`decode_graphs`), made now, or None (off: unset and not CUDA,
+        or unset and the step cannot be captured, said in the log); a ConfigError when set true and
+        the step cannot be."""
+        wanted = self.config.decode_graphs
+        if wanted is False or (wanted is None and not self.platform.captures_graphs):
+            return None
         graphs = DecodeGraphs.build(
             self.fast_path or self.generic,
             self.attention,
@@ -122,7 +127,10 @@ class ModelRunner:
             self.config.max_seq_len,
         )
         if isinstance(graphs, str):
-            raise ConfigError(f"decode_graphs: true cannot run here: {graphs}")
+            if wanted:
+                raise ConfigError(f"decode_graphs: true cannot run here: {graphs}")
+            log.info("decode_graphs off: %s", graphs)
+            return None
         return graphs
 
     def _load(self, config: EngineConfig, checkpoint: PretrainedConfig) -> torch.nn.Module:
