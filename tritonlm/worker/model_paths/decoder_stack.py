@@ -45,6 +45,7 @@ from tritonlm.worker.attention.base import FEATURES, NOTHING, AttentionBackend
 from tritonlm.worker.linear import Projection
 from tritonlm.worker.model_paths.base import ForwardInputs, ModelPath
 from tritonlm.worker.model_paths.layers_call import LayersCall
+from tritonlm.worker.model_paths.stack_layer import StackLayer, StackNorm
 
 # The module classes a family's forward is made of, by transformers' suffix.
 PARTS = ("ForCausalLM", "Model", "DecoderLayer", "Attention", "RotaryEmbedding")
@@ -95,28 +96,6 @@ FAMILIES = (
 )
 
 
-@dataclass
-class _Norm:
-    weight: torch.Tensor
-    eps: float
-
-
-@dataclass
-class _Layer:
-    attention: nn.Module  # the backend reads its layer_idx
-    scaling: float
-    heads: int
-    kv_heads: int
-    head_dim: int
-    qkv: Projection
-    o: Projection
-    post_attention_norm: _Norm
-    gate_up: Projection
-    down: Projection
-    q_norm: _Norm | None = None  # `Family.qk_norm`
-    k_norm: _Norm | None = None
-
-
 @dataclass(frozen=True)
 class _Scales:
     """Granite's multipliers (`Family.multipliers`); Llama's are all 1."""
@@ -126,8 +105,10 @@ class _Scales:
     logits: float = 1.0
 
 
-def _norm(module: nn.Module) -> _Norm | None:
-    return _Norm(module.weight, module.variance_epsilon) if isinstance(module, fused.FusedRMSNorm) else None
+def _norm(module: nn.Module) -> StackNorm | None:
+    if not isinstance(module, fused.FusedRMSNorm):
+        return None
+    return StackNorm(module.weight, module.variance_epsilon)
 
 
 def _group(members: list[nn.Module]) -> Projection | None:
@@ -158,7 +139,7 @@ def _projections(attention: nn.Module, mlp: nn.Module, family: Family) -> tuple[
     )
 
 
-def _layer(layer: nn.Module, family: Family) -> _Layer | None:
+def _layer(layer: nn.Module, family: Family) -> StackLayer | None:
     """The layer's fused parts, or None when one is not (e.g. an MLP whose act is not SiLU)."""
     attention, mlp = layer.self_attn, layer.mlp
     qkv, gate_up = _projections(attention, mlp, family)
@@ -170,7 +151,7 @@ def _layer(layer: nn.Module, family: Family) -> _Layer | None:
         isinstance(m, fused.PackedLinear) for m in (attention.o_proj, mlp.down_proj)
     ):
         return None
-    return _Layer(
+    return StackLayer(
         attention,
         attention.scaling,
         attention.config.num_attention_heads,
@@ -202,9 +183,9 @@ class DecoderStack(ModelPath):
         model: nn.Module,
         family: Family,
         attention: AttentionBackend,
-        layers: list[_Layer],
-        input_norms: list[_Norm],
-        final_norm: _Norm,
+        layers: list[StackLayer],
+        input_norms: list[StackNorm],
+        final_norm: StackNorm,
         scales: _Scales,
     ) -> None:
         self.family = family
@@ -294,14 +275,14 @@ class DecoderStack(ModelPath):
             ]
         return self._handed
 
-    def _add_norm(self, out: torch.Tensor, residual: torch.Tensor, x: torch.Tensor, norm: _Norm) -> None:
+    def _add_norm(self, out: torch.Tensor, residual: torch.Tensor, x: torch.Tensor, norm: StackNorm) -> None:
         if self.scales.residual != 1.0:
             x = x * self.scales.residual  # Granite's: rounded before the sum, as its layer does
         self.ops.add_rms_norm(out, residual, x, norm.weight, norm.eps, True)
 
     def _attention(
         self,
-        layer: _Layer,
+        layer: StackLayer,
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
@@ -324,14 +305,14 @@ class DecoderStack(ModelPath):
         out = self.attention.forward(layer.attention, query, key, value, layer.scaling, handed)
         return layer.o(out.reshape(tokens, -1))
 
-    def _head_norm(self, heads: torch.Tensor, norm: _Norm) -> torch.Tensor:
+    def _head_norm(self, heads: torch.Tensor, norm: StackNorm) -> torch.Tensor:
         """Each head [tokens, heads, head_dim] RMS-normalised into a tensor of its own."""
         out = torch.empty(heads.shape, dtype=heads.dtype)
         dim = heads.shape[2]
         self.ops.rms_norm(out.view(-1, dim), heads.reshape(-1, dim), norm.weight, norm.eps, True)
         return out
 
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, layer: StackLayer, x: torch.Tensor) -> torch.Tensor:
         gate_up = layer.gate_up(x)
         width = gate_up.shape[1] // 2
         hidden = torch.empty((x.shape[0], width), dtype=x.dtype)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,10 +25,7 @@ from tritonlm.worker.attention.cpu_paged import CpuPagedBackend
 from tritonlm.worker.attention.paged import PagedMetadata
 from tritonlm.worker.linear import Projection, gemv, gguf
 from tritonlm.worker.linear.int4 import Int4Projection
-
-if TYPE_CHECKING:
-    from tritonlm.worker.model_paths.decoder_stack import _Layer, _Norm
-
+from tritonlm.worker.model_paths.stack_layer import StackLayer, StackNorm
 
 # The projections the op multiplies, by its kind code (`Kind` in the C++ source).
 KINDS = {gemv.GemvProjection: 0, Int4Projection: 1, gguf.GgufProjection: 2}
@@ -70,8 +66,8 @@ class LayersCall:
     @classmethod
     def build(
         cls,
-        layers: Sequence[_Layer],
-        next_norms: Sequence[_Norm],
+        layers: Sequence[StackLayer],
+        next_norms: Sequence[StackNorm],
         residual_multiplier: float,
         backend: AttentionBackend,
     ) -> LayersCall | str:
