@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -103,20 +104,35 @@ def generate_beams(model: torch.nn.Module, prompt: list[int], width: int, new: i
     return beams
 
 
-def compare_graph_steps(runner: ModelRunner, atol: float) -> list[int]:
-    """Runs staggered requests; each decode step the graphs take is also run the ordinary way
-    (writing the same keys and values again) and their logits compared. Returns the batch sizes
-    compared; the greedy tokens are the graphs'."""
-    graphs, execute = runner.decode_graphs, runner.execute
+@contextlib.contextmanager
+def swapped(owner: object, name: str, value: object) -> Iterator[None]:
+    """`owner.name` set to `value` inside, restored after."""
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)
+
+
+def compare_steps(
+    runner: ModelRunner,
+    took: Callable[[object], bool],
+    switched_off: Callable[[], contextlib.AbstractContextManager],
+    atol: float = 0.0,
+) -> list[int]:
+    """Runs staggered requests; each step the feature under test `took` (asked after the step) is
+    run again with it `switched_off` (writing the same keys and values again), and the logits
+    compared: bitwise, or within `atol` with the same greedy choices. Returns the batch sizes
+    compared; the greedy tokens are the feature's."""
+    execute = runner.execute
     compared = []
 
     def both(work):
         out = execute(work)
-        step = step_inputs.build(work, runner.attention)
-        if graphs.runs(step.packed, list(range(len(work))), bool(step.embed_at), [None]):
-            runner.decode_graphs = None
-            reference = execute(work)
-            runner.decode_graphs = graphs
+        if took(work):
+            with switched_off():
+                reference = execute(work)
             if atol == 0:
                 assert torch.equal(out.logits, reference.logits)
             else:
@@ -129,3 +145,14 @@ def compare_graph_steps(runner: ModelRunner, atol: float) -> list[int]:
     prompts = [list(range(10, 80)), [5, 6, 7], list(range(100, 130))]
     run_all(runner, [request(p, 10, SamplingParams()) for p in prompts], stagger=True)
     return compared
+
+
+def compare_graph_steps(runner: ModelRunner, atol: float) -> list[int]:
+    """`compare_steps` of the decode graphs: each decode step they take against the ordinary step."""
+    graphs = runner.decode_graphs
+
+    def took(work) -> bool:
+        step = step_inputs.build(work, runner.attention)
+        return graphs.runs(step.packed, list(range(len(work))), bool(step.embed_at), [None])
+
+    return compare_steps(runner, took, lambda: swapped(runner, "decode_graphs", None), atol)

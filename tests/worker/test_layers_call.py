@@ -9,14 +9,12 @@ method) say why and keep the loop."""
 from __future__ import annotations
 
 import pytest
-import torch
-from engine_helpers import request, run_all
+from engine_helpers import compare_steps, swapped
 from test_decoder_stack import CONFIGS, _checkpoint
 
 from tests.gguf_helpers import mixed_types, write_llama_gguf
 from tritonlm import gguf_checkpoint
 from tritonlm.config import EngineConfig
-from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker import cpu_kernels
 from tritonlm.worker.model_paths.layers_call import LayersCall
 from tritonlm.worker.model_runner import ModelRunner
@@ -34,35 +32,23 @@ def _runner(model_dir, dtype: str, attention_backend: str = "cpu_paged", **setti
 
 
 def _compare_with_the_loop(runner, monkeypatch) -> list[int]:
-    """Runs staggered requests; each step the call takes is run again through the loop (the same
-    keys and values written again) and their logits compared bitwise. Returns the rows compared."""
-    call, execute = runner.fast_path.layers_call, runner.execute
-    assert call is not None, runner.fast_path.layers_call_refused
-    taken = []
+    """`compare_steps` of the one call: each step that takes it against the Python loop, bitwise."""
+    stack = runner.fast_path
+    assert stack.layers_call is not None, stack.layers_call_refused
+    calls = [0, 0]  # made, and made by the steps compared so far
     original = LayersCall.__call__
 
     def counted(self, *args):
-        taken.append(args[0].shape[0])
+        calls[0] += 1
         return original(self, *args)
 
     monkeypatch.setattr(LayersCall, "__call__", counted)
-    compared = []
 
-    def both(work):
-        before = len(taken)
-        out = execute(work)
-        if len(taken) > before:
-            runner.fast_path.layers_call = None
-            reference = execute(work)
-            runner.fast_path.layers_call = call
-            assert torch.equal(out.logits, reference.logits)
-            compared.append(len(work))
-        return out
+    def took(work) -> bool:
+        new, calls[1] = calls[0] > calls[1], calls[0]
+        return new
 
-    runner.execute = both
-    prompts = [list(range(10, 60)), [5, 6, 7], list(range(100, 130))]
-    run_all(runner, [request(p, 10, SamplingParams()) for p in prompts], stagger=True)
-    return compared
+    return compare_steps(runner, took, lambda: swapped(stack, "layers_call", None))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
