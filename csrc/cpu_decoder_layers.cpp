@@ -1,6 +1,6 @@
 // A decode step's decoder layers in one call: the decoder stack's layer (model_paths/decoder_stack.py)
-// for every layer at a few rows, each projection by its linear method's kernel at those rows (gemv's,
-// torch's int4 one, ours of GGUF's blocks), attention by the paged kernel.
+// for every layer, each projection by its linear method's kernel at the step's rows (gemv's or
+// oneDNN's packed GEMM, torch's int4 one, ours of GGUF's blocks), attention by the paged kernel.
 //
 // It calls the same kernels as the Python loop, through the dispatcher, in the same order on tensors
 // of the same shapes and strides, so the hidden state it leaves is the loop's bitwise. What it removes
@@ -26,10 +26,17 @@ using Tensor = at::Tensor;
 using Optional = std::optional<at::Tensor>;
 
 template <typename Fn>
-c10::TypedOperatorHandle<Fn> op(const char* name) {
-  const std::string qualified = std::string(TRITONLM_STR(TRITONLM_OPS)) + "::" + name;
+c10::TypedOperatorHandle<Fn> op(const std::string& qualified) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(qualified.c_str(), "").typed<Fn>();
 }
+
+template <typename Fn>
+c10::TypedOperatorHandle<Fn> op(const char* name) {
+  return op<Fn>(std::string(TRITONLM_STR(TRITONLM_OPS)) + "::" + name);
+}
+
+using Linear = Tensor(const Tensor&, const Tensor&, const Optional&, std::string_view,
+                      c10::List<std::optional<at::Scalar>>, std::optional<std::string_view>);
 
 // The kernels this library registers (their schemas in the other sources).
 struct Kernels {
@@ -47,14 +54,16 @@ struct Kernels {
       op<void(Tensor&, const Tensor&, const Tensor&, bool)>("silu_and_mul");
   c10::TypedOperatorHandle<Tensor(const Tensor&, const Tensor&, int64_t, const Optional&, int64_t)> gguf_gemv =
       op<Tensor(const Tensor&, const Tensor&, int64_t, const Optional&, int64_t)>("gguf_gemv");
+  // oneDNN's GEMM over a pre-packed weight (linear/onednn.py's call).
+  c10::TypedOperatorHandle<Linear> onednn = op<Linear>(std::string("mkldnn::_linear_pointwise"));
 };
 
 // How a projection multiplies (model_paths/layers_call.py's KINDS), as its linear method does at a
 // few rows.
-enum Kind : int64_t { kGemv = 0, kInt4 = 1, kGguf = 2 };
+enum Kind : int64_t { kGemv = 0, kInt4 = 1, kGguf = 2, kOneDnn = 3 };
 
 struct Projections {
-  at::TensorList weights;             // gemv: [N, K]; int4: torch's int4pack; GGUF: the file's blocks
+  at::TensorList weights;  // gemv: [N, K]; int4: torch's int4pack; GGUF: the file's blocks; oneDNN: packed
   const c10::List<Optional>& extras;  // int4: its scales and zeros
   at::ArrayRef<int64_t> kinds;
   at::ArrayRef<int64_t> args;  // int4: the group size; GGUF: the block type
@@ -65,6 +74,7 @@ struct Projections {
     switch (kinds[i]) {
       case kGemv: return k.gemv.call(x, weights[i], biases.get(i), level);
       case kGguf: return k.gguf_gemv.call(x, weights[i], args[i], biases.get(i), level);
+      case kOneDnn: return k.onednn.call(x, weights[i], biases.get(i), "none", c10::List<std::optional<at::Scalar>>(), "");
       case kInt4: {
         Tensor out = at::_weight_int4pack_mm_for_cpu(x, weights[i], args[i], *extras.get(i));
         const Optional bias = biases.get(i);
@@ -139,3 +149,5 @@ TORCH_LIBRARY_FRAGMENT(TRITONLM_OPS, m) {
 }
 
 TORCH_LIBRARY_IMPL(TRITONLM_OPS, CPU, m) { m.impl("decoder_layers", decoder_layers); }
+// oneDNN's packed weights are MkldnnCPU tensors, which then pick the op's kernel by that key.
+TORCH_LIBRARY_IMPL(TRITONLM_OPS, MkldnnCPU, m) { m.impl("decoder_layers", decoder_layers); }

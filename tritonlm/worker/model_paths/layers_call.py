@@ -1,16 +1,20 @@
 """`LayersCall`: the decoder stack's layers in one call of our C++ op (`csrc/cpu_decoder_layers.cpp`)
-for a decode step at a few rows.
+for a decode step.
 
 At one or two rows a decode step is the weights streamed once (the `gemv` kernel) plus, per layer,
-the Python that calls the layer's nine kernels: about 2 ms of a 13 ms SmolLM2 step, and, served,
+the Python that calls the layer's nine kernels: about 2 ms of a 12 ms SmolLM2 step, and, served,
 the gaps in which torch's OpenMP workers fall asleep between kernels. The op runs the same kernels
 in the same order on the same tensors, so the logits are the Python loop's bitwise
-(tests/worker/test_layers_call.py); the stack takes it when a step fits (`runs`).
+(tests/worker/test_layers_call.py); the stack takes it when a step fits (`runs`): every row's
+logits kept (decodes, and their proposals), at any row count its projections' methods are called
+at by the op.
 
-It serves the plain layer only: every projection on a method it calls the way the method does at a
-few rows (`KINDS`: `gemv`'s dense bf16 or fp32 weights, `int4`'s torch kernel, `gguf`'s Q8_0 and
-Q6_K blocks), `cpu_paged` attention over a cache in the model's dtype, no head norms (Qwen3) and no
-residual multiplier (Granite); `build` says why not otherwise, and the loop runs."""
+Each projection is called as its linear method calls it at the step's rows (`Operands`, by the
+op's kind codes): `gemv`'s kernel up to its rows and oneDNN's packed GEMM (the `onednn` method)
+past them, torch's int4 kernel at any rows, our GGUF-block GEMV up to its rows (past them the
+method decodes tiles in Python: the loop runs those steps). It serves the plain layer: `cpu_paged`
+attention over a cache in the model's dtype, no head norms (Qwen3) and no residual multiplier
+(Granite); `build` says why not otherwise, and the loop runs."""
 
 from __future__ import annotations
 
@@ -25,37 +29,62 @@ from tritonlm.worker.attention.cpu_paged import CpuPagedBackend
 from tritonlm.worker.attention.paged import PagedMetadata
 from tritonlm.worker.linear import Projection, gemv, gguf
 from tritonlm.worker.linear.int4 import Int4Projection
+from tritonlm.worker.linear.onednn import PackedProjection
 from tritonlm.worker.model_paths.stack_layer import StackLayer, StackNorm
 
-# The projections the op multiplies, by its kind code (`Kind` in the C++ source).
-KINDS = {gemv.GemvProjection: 0, Int4Projection: 1, gguf.GgufProjection: 2}
+# The op's kind codes (`Kind` in the C++ source).
+GEMV, INT4, GGUF, ONEDNN = 0, 1, 2, 3
 
 
-def _operands(projection: Projection) -> tuple[torch.Tensor, torch.Tensor | None, int, int] | str:
-    """(weight, extra, kind, arg) of a projection as the op takes it, or why it cannot."""
-    kind = KINDS.get(type(projection))
-    if kind is None:
-        return f"a projection is on the {projection.method!r} linear method, which it does not call"
+@dataclass
+class Operands:
+    """Every layer's q/k/v, o, gate/up and down projections as the op takes them, at some rows."""
+
+    weights: list[torch.Tensor]
+    extras: list[torch.Tensor | None]  # int4: its scales and zeros
+    kinds: list[int]
+    args: list[int]  # int4: the group size; GGUF: the block type
+    biases: list[torch.Tensor | None]
+
+    @classmethod
+    def of(cls, layers: Sequence[StackLayer], many: bool) -> Operands | str:
+        """The layers' projections at more rows than gemv's (`many`) or at up to them, or why not."""
+        found = []
+        for layer in layers:
+            for projection in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                operands = _operands(projection, many)
+                if isinstance(operands, str):
+                    return operands
+                found.append((*operands, projection.bias))
+        return cls(*(list(column) for column in zip(*found, strict=True)))
+
+
+def _operands(projection: Projection, many: bool) -> tuple[torch.Tensor, torch.Tensor | None, int, int] | str:
+    """(weight, extra, kind, arg) of a projection as its method runs it at many or a few rows, or
+    why the op cannot call it so."""
+    if isinstance(projection, gemv.GemvProjection):
+        return _operands(projection.many_rows, many) if many else (projection.weight, None, GEMV, 0)
+    if isinstance(projection, PackedProjection):
+        return projection.weight, None, ONEDNN, 0
     if isinstance(projection, Int4Projection):
-        return projection.packed, projection.scales_and_zeros, kind, projection.group
+        return projection.packed, projection.scales_and_zeros, INT4, projection.group
     if isinstance(projection, gguf.GgufProjection):
+        if many:
+            return "past a few rows a GGUF projection decodes its blocks tile by tile"
         if projection.level != gemv.BEST:
             return f"a GGUF projection runs its level {projection.level} loop, not {gemv.BEST}"
-        return projection.blocks, None, kind, projection.kind
-    return projection.weight, None, kind, 0
+        return projection.blocks, None, GGUF, projection.kind
+    return f"a projection is on the {projection.method!r} linear method, which it does not call"
 
 
 @dataclass
 class LayersCall:
-    """The op's per-layer arguments, in its order (`decoder_layers` in the C++ source)."""
+    """The op's arguments (`decoder_layers` in the C++ source) but the step's."""
 
     layer_ids: list[int]  # the KV cache's layer index of each layer
-    # q/k/v, o, gate/up and down per layer: their weights, extra tensors, kinds, arguments, biases
-    weights: list[torch.Tensor]
-    extras: list[torch.Tensor | None]
-    kinds: list[int]
-    args: list[int]
-    biases: list[torch.Tensor | None]
+    few: Operands  # at up to gemv.MAX_ROWS rows
+    many: Operands | None  # past them (None: the loop runs those steps; `many_refused` says why)
+    many_refused: str | None
     norms: list[torch.Tensor]  # the post-attention norm, then the next layer's input norm
     eps: list[float]
     scales: list[float]  # each layer's attention scale
@@ -80,24 +109,16 @@ class LayersCall:
             return "its layers norm each query and key head (Qwen3's)"
         if len({(layer.heads, layer.kv_heads) for layer in layers}) != 1:
             return "its layers have different head counts"
-        operands, biases = [], []
-        for layer in layers:
-            for projection in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                found = _operands(projection)
-                if isinstance(found, str):
-                    return found
-                operands.append(found)
-                biases.append(projection.bias)
-        weights, extras, kinds, args = (list(column) for column in zip(*operands, strict=True))
+        few, many = Operands.of(layers, many=False), Operands.of(layers, many=True)
+        if isinstance(few, str):
+            return few
         pairs = zip(layers, next_norms, strict=True)
         norms = [norm for layer, after in pairs for norm in (layer.post_attention_norm, after)]
         return cls(
             layer_ids=[layer.attention.layer_idx for layer in layers],
-            weights=weights,
-            extras=extras,
-            kinds=kinds,
-            args=args,
-            biases=biases,
+            few=few,
+            many=None if isinstance(many, str) else many,
+            many_refused=many if isinstance(many, str) else None,
             norms=[n.weight for n in norms],
             eps=[n.eps for n in norms],
             scales=[layer.head_dim**-0.5 if layer.scaling is None else layer.scaling for layer in layers],
@@ -106,18 +127,21 @@ class LayersCall:
             backend=backend,
         )
 
-    @staticmethod
-    def runs(rows: int, keep: Sequence[int]) -> bool:
-        """Whether a step of `rows` tokens, keeping the logits of `keep`, is one the call runs: a
-        few rows (gemv's), every row kept, not inside a compiled step (which sees the kernels)."""
-        return rows <= gemv.MAX_ROWS and len(keep) == rows and not torch.compiler.is_compiling()
+    def runs(self, rows: int, keep: Sequence[int]) -> bool:
+        """Whether a step of `rows` tokens, keeping the logits of `keep`, is one the call runs: every
+        row kept, its projections callable at that many rows, not inside a compiled step (which
+        sees the kernels)."""
+        if len(keep) != rows or torch.compiler.is_compiling():
+            return False
+        return rows <= gemv.MAX_ROWS or self.many is not None
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
         """Every layer over x (input-normed) and residual, in place: x ends final-normed."""
         meta: PagedMetadata = self.backend.metadata
         cache = self.backend.cache
+        ops = self.few if x.shape[0] <= gemv.MAX_ROWS else self.many
         cpu_kernels.kernels().decoder_layers(
-            x, residual, self.weights, self.extras, self.kinds, self.args, self.biases, gemv.BEST,
+            x, residual, ops.weights, ops.extras, ops.kinds, ops.args, ops.biases, gemv.BEST,
             self.norms, self.eps, cos, sin,
             [cache.keys[i] for i in self.layer_ids], [cache.values[i] for i in self.layer_ids],
             meta.slot_mapping, meta.tables, meta.row_seq, meta.row_len, self.backend.block_size,
