@@ -2,7 +2,13 @@
 # The CUDA checks, in one call on a lent GPU machine (its image's python3 and torch; the pinned
 # packages its image lacks carried as wheels in .whl/, which git ignores): the CUDA tests, then
 # decode steps of a random SmolLM2-sized Llama in bf16, eager against decode graphs (the default
-# there), at 1, 4 and 32 sequences. Logs under $OUT (or /tmp/cuda-check). Not part of `make test` (no CUDA here).
+# there), at 1, 4 and 32 sequences. Logs under $OUT (or /tmp/cuda-check). Not part of `make test`
+# (no CUDA here). The wheels, for the image's Python 3.12 (pinned as pyproject.toml pins them):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl transformers==5.23.0 xgrammar==0.2.8 pydantic==2.14.4 pydantic_core==2.50.5 \
+#     annotated-types==0.8.0 typing-inspection==0.4.5 apache-tvm-ffi==0.1.15.post2 gguf==0.19.0 \
+#     typing-extensions==4.16.0
 set -o pipefail
 OUT=${OUT:-/tmp/cuda-check}
 mkdir -p "$OUT"
