@@ -163,8 +163,9 @@ class EngineConfig:
         None,
         "a step whose every sequence decodes one token runs as one call per batch-size bucket "
         "(powers of two up to max_num_seqs) over inputs filled in place: on CUDA captured as CUDA "
-        "graphs at start-up (attention_backend sdpa; a model with sliding windows, soft-capping or sinks "
-        "keeps the eager step), on CPU compiled by torch Inductor (about a minute per bucket on a small "
+        "graphs at start-up (attention_backend sdpa; a model with sliding windows, soft-capping, sinks or "
+        "recurrent layers, or whose forward a capture refuses, such as mixture-of-experts routing, keeps "
+        "the eager step), on CPU compiled by torch Inductor (about a minute per bucket on a small "
         "CPU; needs the model's fast path, model_path, and attention_backend cpu_paged); unset: on where "
         "the device captures graphs (CUDA) and the step can be captured, else off; `true` where it "
         "cannot is refused",

@@ -91,6 +91,28 @@ def test_decode_graphs_are_off_by_default_on_the_cpu(model_dir):
     assert ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=2)).decode_graphs is None
 
 
+def test_a_model_with_recurrent_layers_never_gets_them(model_dir):
+    plain = ModelRunner(EngineConfig(str(model_dir), dtype="float32", max_num_seqs=2))
+    why = decode_graph.DecodeGraphs.build(
+        plain.generic, plain.attention, _EagerCpu(torch.device("cpu")), 2, 128, recurrent=True
+    )
+    assert why == "the model has recurrent layers, whose state a static step does not carry"
+
+
+@needs_kernels
+def test_graphs_that_fail_to_be_made_are_off_unset_and_refused_set(model_dir, monkeypatch, caplog):
+    def refuse(self, step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(CpuPlatform, "captures_graphs", True)  # as CUDA: on when unset
+    monkeypatch.setattr(CpuPlatform, "one_call", refuse)
+    config = dict(dtype="float32", attention_backend="cpu_paged", max_num_seqs=2)
+    assert ModelRunner(EngineConfig(str(model_dir), **config)).decode_graphs is None
+    assert "decode_graphs off: making the graphs failed: operation not permitted" in caplog.text
+    with pytest.raises(ConfigError, match="decode_graphs: true cannot run here: making the graphs failed"):
+        ModelRunner(EngineConfig(str(model_dir), decode_graphs=True, **config))
+
+
 def test_decode_graphs_need_cpu_paged(model_dir):
     with pytest.raises(ConfigError, match="decode_graphs.*cpu_paged"):
         _runner(model_dir, "float32", attention_backend="sdpa")

@@ -41,6 +41,7 @@ from tritonlm.worker.attention.paged import PagedMetadata
 from tritonlm.worker.attention.sdpa import SdpaBackend
 from tritonlm.worker.linear import Projection
 from tritonlm.worker.model_paths.base import ForwardInputs, ModelPath
+from tritonlm.worker.model_paths.registry import GENERIC
 
 log = logging.getLogger(__name__)
 
@@ -132,10 +133,12 @@ def bucket_for(rows: int, sizes: Sequence[int]) -> int | None:
     return next((size for size in sizes if size >= rows), None)
 
 
-def _cannot(path: ModelPath, backend: AttentionBackend, platform: Platform) -> str | None:
+def _cannot(path: ModelPath, backend: AttentionBackend, platform: Platform, recurrent: bool) -> str | None:
     """Why a step over `path` and `backend` cannot be made one call on `platform`, or None."""
+    if recurrent:  # their state slots are bound per step, outside what a graph replays
+        return "the model has recurrent layers, whose state a static step does not carry"
     if platform.name == "cpu":
-        if path.name == "transformers":
+        if path.name == GENERIC:
             return "on the CPU the step compiles over a fast path only; this model has none (model_path)"
         if not isinstance(backend, CpuPagedBackend):
             return f"attention_backend {backend.name!r}: on the CPU only cpu_paged's kernel compiles"
@@ -190,10 +193,12 @@ class DecodeGraphs:
         platform: Platform,
         max_num_seqs: int,
         max_seq_len: int,
+        recurrent: bool = False,
     ) -> DecodeGraphs | str:
         """The graphs over `path` (the fast path, else transformers' modules), made now (minutes on a
-        small CPU), or why this engine cannot have them."""
-        why = _cannot(path, backend, platform)
+        small CPU), or why this engine cannot have them (a model with `recurrent` layers never can).
+        A failure to make them (a model whose forward a capture refuses) is a RuntimeError."""
+        why = _cannot(path, backend, platform, recurrent)
         if why is not None:
             return why
         width = -(-max_seq_len // backend.block_size)

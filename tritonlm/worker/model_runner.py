@@ -119,17 +119,21 @@ class ModelRunner:
         wanted = self.config.decode_graphs
         if wanted is False or (wanted is None and not self.platform.captures_graphs):
             return None
-        graphs = DecodeGraphs.build(
-            self.fast_path or self.generic,
-            self.attention,
-            self.platform,
-            self.config.max_num_seqs,
-            self.config.max_seq_len,
-        )
+        try:
+            graphs = DecodeGraphs.build(
+                self.fast_path or self.generic,
+                self.attention,
+                self.platform,
+                self.config.max_num_seqs,
+                self.config.max_seq_len,
+                recurrent=bool(self.recurrent),
+            )
+        except RuntimeError as error:  # the model's forward is not capturable (e.g. a host sync)
+            graphs = f"making the graphs failed: {error}"
         if isinstance(graphs, str):
             if wanted:
                 raise ConfigError(f"decode_graphs: true cannot run here: {graphs}")
-            log.info("decode_graphs off: %s", graphs)
+            log.warning("decode_graphs off: %s", graphs)
             return None
         return graphs
 

@@ -10,8 +10,8 @@ cost as much as a fifth of the step, more while serving shares the cores. Here a
     → o projection → residual add + RMSNorm → gate/up projection → SiLU-and-mul
     → down projection → residual add + RMSNorm (the next layer's input norm, or the final one)
 
-on the same modules and weights (at a decode step of one or two rows, all of it one C++ call where
-the layers fit it: `layers_call.py`): `fused`'s projections (by their linear methods, q/k/v biases
+on the same modules and weights (at a decode step, all of it one C++ call where the layers fit
+it: `layers_call.py`): `fused`'s projections (by their linear methods, q/k/v biases
 included), the backend's `forward` (the seam is unchanged: it writes the layer's keys and values and
 attends, a sliding window or other rule by the layer's own `LayerRule`), and the C++ kernels
 (`rotary`, `add_rms_norm`, `silu_and_mul`), which round where transformers rounds, so the logits are

@@ -5,9 +5,8 @@ At one or two rows a decode step is the weights streamed once (the `gemv` kernel
 the Python that calls the layer's nine kernels: about 2 ms of a 12 ms SmolLM2 step, and, served,
 the gaps in which torch's OpenMP workers fall asleep between kernels. The op runs the same kernels
 in the same order on the same tensors, so the logits are the Python loop's bitwise
-(tests/worker/test_layers_call.py); the stack takes it when a step fits (`runs`): every row's
-logits kept (decodes, and their proposals), at any row count its projections' methods are called
-at by the op.
+(tests/worker/test_layers_call.py). The stack takes it when a step fits (`runs`): every row's
+logits kept (decodes, and their proposals), at a row count the op calls every projection at.
 
 Each projection is called as its linear method calls it at the step's rows (`Operands`, by the
 op's kind codes): `gemv`'s kernel up to its rows and oneDNN's packed GEMM (the `onednn` method)
