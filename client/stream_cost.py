@@ -12,6 +12,7 @@ FRONTEND_PORT & co. when set, else free ports) and stops them at the end. The pa
   nothing delivered per token;
 - `engine`: the same, streamed: a response per token (the engine's sender, the Python stub's IPC,
   tritonserver, gRPC);
+- `engine-text`: `engine` with each token's text asked for too (the engine's TextStream);
 - `openai`: /v1/completions streamed through the frontend (preprocessing, then the engine's stream
   with its text, SSE), as `client.load` sends it.
 
@@ -48,7 +49,7 @@ from client.usage import ServerUsage
 from frontend.config import FrontendConfig
 from tritonlm.contract import ENGINE
 
-PATHS = ("engine-whole", "engine", "openai")
+PATHS = ("engine-whole", "engine", "engine-text", "openai")
 Prompts = list[tuple["load.Prompt", list[int]]]
 TPOT_HISTOGRAM = "tritonlm_time_per_output_token_seconds"
 METRICS_PERIOD_S = 0.5  # the engine publishes its metrics this often (serving.metrics)
@@ -82,8 +83,9 @@ class EnginePath:
 
     OUTPUTS = ("output_ids", "decode_ms", "queue_wait_us")
 
-    def __init__(self, url: str, streaming: bool) -> None:
+    def __init__(self, url: str, streaming: bool, text: bool = False) -> None:
         self.streaming = streaming
+        self.outputs = (*self.OUTPUTS, "text_output") if text else self.OUTPUTS
         self.client = grpcclient.InferenceServerClient(url)
         self.responses: queue.Queue = queue.Queue()
         self.client.start_stream(
@@ -100,7 +102,7 @@ class EnginePath:
         self.client.async_stream_infer(
             ENGINE,
             make_inputs(ENGINE, values),
-            outputs=[grpcclient.InferRequestedOutput(name) for name in self.OUTPUTS],
+            outputs=[grpcclient.InferRequestedOutput(name) for name in self.outputs],
             enable_empty_final_response=True,
         )
         arrivals: list[float] = []
@@ -252,7 +254,9 @@ def run_variant(
         paths: dict[str, Path] = {
             name: OpenAIPath(f"http://127.0.0.1:{ports.frontend}")
             if name == "openai"
-            else EnginePath(f"127.0.0.1:{ports.grpc}", streaming=name == "engine")
+            else EnginePath(
+                f"127.0.0.1:{ports.grpc}", streaming=name != "engine-whole", text=name == "engine-text"
+            )
             for name in names
         }
         try:

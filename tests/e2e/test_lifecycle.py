@@ -167,11 +167,24 @@ def test_launcher_refuses_a_busy_port_at_once(model_dir: Path, tmp_path: Path) -
 # -- the real launcher --------------------------------------------------------------------------
 
 
+def maps_torch(pid: int) -> bool:
+    return "libtorch_cpu.so" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def stub_model(pid: int) -> str:
+    """The model a Python stub serves: the directory above its model.py's version."""
+    model_py = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[1]
+    return Path(model_py).parents[1].name
+
+
 def test_sigkill_of_the_launcher_leaves_nothing(launched: Launched) -> None:
     groups = launched.groups()
     assert set(groups) == {"triton", "frontend"}
     stubs = children(groups["triton"])
     assert len(stubs) >= 5  # multimodal_encoder, preprocessing, engine, postprocessing, embedding
+    # The tokenizer stubs load transformers without torch (stub_process.without_torch; ~250 MB each).
+    torch_in = {stub_model(pid): maps_torch(pid) for pid in stubs}
+    assert torch_in["engine"] and not torch_in["preprocessing"] and not torch_in["postprocessing"], torch_in
     launched.process.send_signal(signal.SIGKILL)
     took = launched.wait_gone(groups, 15)
     print(f"everything gone {took:.1f} s after SIGKILL of the launcher")

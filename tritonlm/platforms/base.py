@@ -39,6 +39,11 @@ class Platform(ABC):
     def free_memory(self) -> int:
         """Bytes the KV cache may size itself from, after the weights are loaded."""
 
+    def release_unused_memory(self) -> None:
+        """Gives the host memory the model's load freed back to the system (its temporary copies),
+        before the KV cache is sized from what is free; nothing to do by default."""
+        return None
+
     def configure_threads(self, threads: int) -> None:
         """Sets the engine process's compute threads (`EngineConfig.engine_threads`); by default the
         platform's own scheduling decides."""

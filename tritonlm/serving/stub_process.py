@@ -13,7 +13,8 @@ Every `model.py` calls `guard()` first thing in `initialize`:
   everything it owns, so an exit hook ends the process at once instead.
 
 The engine's stub also bounds how long torch's OpenMP threads spin before they sleep
-(`bound_openmp_spin`, before torch is imported: libgomp reads it when it loads).
+(`bound_openmp_spin`, before torch is imported: libgomp reads it when it loads). The stubs that only
+tokenize load transformers without torch (`without_torch`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,25 @@ def bound_openmp_spin() -> None:
         logging.getLogger(__name__).warning("torch is loaded already: GOMP_SPINCOUNT not set")
         return
     os.environ.setdefault("GOMP_SPINCOUNT", OPENMP_SPIN_COUNT)
+
+
+def without_torch() -> None:
+    """Hides torch from this process; call before transformers is imported, in a stub that only
+    tokenizes (preprocessing, postprocessing).
+
+    transformers imports torch whenever it is installed (its configuration utilities do), about
+    340 MB of a tokenizer stub's 460 MB of RSS (docs/benchmarks.md, "Memory"). With torch absent it
+    loads tokenizers, configurations and chat templates only, and picks the same tokenizer class:
+    that choice never depends on torch (tests/serving/test_without_torch.py). A `None` entry in
+    `sys.modules` makes `import torch` fail and `importlib.util.find_spec("torch")` (transformers'
+    availability check) answer None.
+    """
+    if sys.modules.get("torch") is not None:
+        logging.getLogger(__name__).warning("torch is loaded already: it stays")
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]
+    # transformers then advises, once, that models are unavailable: true, and not this stub's job.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
 def guard() -> None:

@@ -89,6 +89,7 @@ class ModelRunner:
         # The resolved settings: max_seq_len and kv_cache_blocks are now concrete numbers.
         # One recurrent-state slot per running sequence, its memory taken out of the KV cache's.
         self.state_slots = config.max_num_seqs if self.recurrent else 0
+        self.platform.release_unused_memory()
         self.config = config.kv_cache_size(
             self.attention.bytes_per_block(shapes),
             self.platform.name,

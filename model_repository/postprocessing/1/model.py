@@ -6,10 +6,14 @@ and requests are handled in arrival order, so a stream's responses are decoded i
 
 from __future__ import annotations
 
-from tritonlm import contract
-from tritonlm.serving import stub_process, triton_glue
-from tritonlm.text.postprocess import Postprocessor
-from tritonlm.text.tokenization import load_tokenizer
+from tritonlm.serving import stub_process
+
+stub_process.without_torch()  # before transformers loads: this stub only tokenizes
+
+from tritonlm import contract  # noqa: E402
+from tritonlm.serving import triton_glue  # noqa: E402
+from tritonlm.text.postprocess import Postprocessor  # noqa: E402
+from tritonlm.text.tokenization import load_tokenizer  # noqa: E402
 
 
 class TritonPythonModel:

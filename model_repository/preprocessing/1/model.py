@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from tritonlm import contract
-from tritonlm.config import checkpoint_vocab_size
-from tritonlm.multimodal.architectures import placeholders
-from tritonlm.serving import stub_process, triton_glue
-from tritonlm.text.preprocess import Preprocessor
-from tritonlm.text.tokenization import generation_eos_ids, load_tokenizer
+from tritonlm.serving import stub_process
+
+stub_process.without_torch()  # before transformers loads: this stub only tokenizes
+
+from tritonlm import contract  # noqa: E402
+from tritonlm.config import checkpoint_vocab_size  # noqa: E402
+from tritonlm.multimodal.architectures import placeholders  # noqa: E402
+from tritonlm.serving import triton_glue  # noqa: E402
+from tritonlm.text.preprocess import Preprocessor  # noqa: E402
+from tritonlm.text.tokenization import generation_eos_ids, load_tokenizer  # noqa: E402
 
 
 class TritonPythonModel:
