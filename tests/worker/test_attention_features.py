@@ -10,18 +10,13 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import family_helpers
 import pytest
 import torch
 from engine_helpers import fp32_runner, request, run_all
 from test_attention_backends import BLOCK, CPU, DIM, HEADS, KV_HEADS, Layer, step
 from test_bfloat16 import NEAR_TIE
-from transformers import (
-    AutoModelForCausalLM,
-    Gemma2Config,
-    Gemma3TextConfig,
-    GptOssConfig,
-    MistralConfig,
-)
+from transformers import AutoModelForCausalLM
 from transformers.models.gemma2 import modeling_gemma2
 from transformers.models.gpt_oss import modeling_gpt_oss
 
@@ -32,18 +27,8 @@ from tritonlm.worker import attention, cpu_kernels
 from tritonlm.worker.attention.sdpa_metadata import sees
 from tritonlm.worker.model_runner import ModelRunner
 
-WINDOW = 8
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=256, max_position_embeddings=256, head_dim=16,
-             sliding_window=WINDOW)  # fmt: skip
-LOCAL_GLOBAL = ["sliding_attention", "full_attention"]
-FAMILIES = {
-    "mistral": MistralConfig(**SMALL),
-    # a cap the scores reach (the default 50 would be the identity on these weights)
-    "gemma 2": Gemma2Config(**SMALL, attn_logit_softcapping=2.0, layer_types=LOCAL_GLOBAL),
-    "gemma 3": Gemma3TextConfig(**SMALL, layer_types=LOCAL_GLOBAL),
-    "gpt-oss": GptOssConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2, layer_types=LOCAL_GLOBAL),
-}
+WINDOW = family_helpers.WINDOW
+FAMILIES = family_helpers.WINDOWED_FAMILIES
 MAX_SEQ_LEN = 64
 # Six prompts past the window; the last two share a 16-token prefix with the first (prefix cache).
 PREFIX = 16

@@ -9,46 +9,16 @@ from __future__ import annotations
 
 import copy
 
+import family_helpers
 import pytest
 import torch
 from engine_helpers import fp32_runner, request, run_all
-from transformers import (
-    AutoModelForCausalLM,
-    GPT2Config,
-    GPTNeoXConfig,
-    GraniteConfig,
-    MixtralConfig,
-    Olmo2Config,
-    Phi3Config,
-    Qwen2Config,
-    Qwen3Config,
-    Qwen3MoeConfig,
-)
+from transformers import AutoModelForCausalLM
 
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker import cpu_kernels
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=256, max_position_embeddings=256)  # fmt: skip
-FAMILIES = {
-    "qwen2": lambda: Qwen2Config(**SMALL),
-    "qwen3": lambda: Qwen3Config(**SMALL, head_dim=16),
-    "phi-3": lambda: Phi3Config(**SMALL, pad_token_id=0),
-    "olmo 2": lambda: Olmo2Config(**SMALL),
-    "granite": lambda: GraniteConfig(
-        **SMALL,
-        embedding_multiplier=4.0,
-        residual_multiplier=0.5,
-        attention_multiplier=0.25,
-        logits_scaling=2.0,
-    ),  # fmt: skip
-    "gpt-neox": lambda: GPTNeoXConfig(**SMALL, rotary_pct=0.5),
-    "gpt-2": lambda: GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=256),
-    "qwen3-moe": lambda: Qwen3MoeConfig(
-        **SMALL, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64
-    ),  # fmt: skip
-    "mixtral": lambda: MixtralConfig(**SMALL, num_local_experts=4),
-}
+FAMILIES = family_helpers.FAMILIES
 STACKED = {"qwen2", "qwen3", "phi-3", "granite"}  # on the decoder stack where our kernels run
 NO_KERNELS = cpu_kernels.unavailable()
 MAX_SEQ_LEN = 64
