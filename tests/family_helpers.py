@@ -18,6 +18,7 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
 )
 
 # Families without an attention feature of their own (each a config maker).
@@ -56,3 +57,14 @@ WINDOWED_FAMILIES = {
         **WINDOWED_SMALL, num_local_experts=4, num_experts_per_tok=2, layer_types=LOCAL_GLOBAL
     ),
 }
+
+# A hybrid: layer 0 linear attention (its recurrent state beside the KV cache), layer 1 full attention.
+QWEN3_NEXT = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, vocab_size=256, max_position_embeddings=256, full_attention_interval=2, num_experts=4,
+    num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+)  # fmt: skip
+HYBRID_FAMILIES = {"qwen3-next": lambda: Qwen3NextConfig(**QWEN3_NEXT)}
+# Parameters a random checkpoint keeps as initialised: norms, and the state-space decay and step bias.
+KEEP_INITIALISED = ("norm", "A_log", "dt_bias")

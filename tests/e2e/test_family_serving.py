@@ -1,8 +1,9 @@
 """Every decoder family through the real server: one tritonserver serves a random 2-layer checkpoint
-of each family the in-process parity tests cover (tests/family_helpers.py; Llama is the session's
-tiny model), as MODEL_DIRS' models with only their engines loaded (the token ids go in raw, as
-TensorRT-LLM's clients send them). In fp32, `model_path` and `attention_backend` auto, each family's
-greedy tokens over gRPC, several prompts at once, equal transformers `generate` on its checkpoint."""
+of each family the in-process parity tests cover (tests/family_helpers.py: dense, mixture of
+experts, windowed, and Qwen3-Next's hybrid; Llama's is the tiny model, tests/e2e/test_serving.py)
+as MODEL_DIRS' models with only their engines loaded (the token ids go in raw, as TensorRT-LLM's
+clients send them). In fp32, `model_path` and `attention_backend` auto, each family's greedy tokens
+over gRPC, several prompts at once, equal transformers `generate` on its checkpoint."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def checkpoint(config: PretrainedConfig, path: Path) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for name, weight in model.named_parameters():
-            if "norm" not in name and "ln" not in name:
+            if not any(part in name for part in (*family_helpers.KEEP_INITIALISED, "ln")):
                 weight.normal_(0, 0.1 if "embed" in name or "wte" in name or "wpe" in name else 0.3)
     model.config.architectures = [type(model).__name__]
     model.save_pretrained(path)

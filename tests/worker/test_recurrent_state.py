@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import family_helpers
 import numpy as np
 import pytest
 import torch
@@ -27,12 +28,7 @@ from tritonlm.serving.engine_inputs import parse_request
 from tritonlm.worker.model_runner import ModelRunner
 from tritonlm.worker.recurrent_state import Span, spans
 
-CONFIG = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=16, vocab_size=256, max_position_embeddings=256, full_attention_interval=2, num_experts=4,
-    num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-)  # fmt: skip
+CONFIG = family_helpers.QWEN3_NEXT
 MAX_SEQ_LEN = 48
 LENGTHS = (21, 1, 12, 40, 5, 30)  # a one-token prompt, and prompts shorter than the conv kernel
 
@@ -54,7 +50,7 @@ def checkpoint(path: Path, dtype: torch.dtype = torch.float32) -> tuple[torch.nn
     model = AutoModelForCausalLM.from_config(Qwen3NextConfig(**CONFIG)).eval()
     with torch.no_grad():
         for name, weight in model.named_parameters():
-            if not any(part in name for part in ("norm", "A_log", "dt_bias")):
+            if not any(part in name for part in family_helpers.KEEP_INITIALISED):
                 weight.normal_(0, 0.1 if "embed" in name else 0.3)
     model.to(dtype)
     model.config.architectures = [type(model).__name__]
