@@ -1,10 +1,15 @@
-"""Random small checkpoints' configs of each decoder family the engine serves, shared by the parity
-tests: in process (tests/worker/test_family_parity.py, test_attention_features.py) and through the
-real server (tests/e2e/test_family_serving.py)."""
+"""Random small checkpoints of each decoder family the engine serves (their configs, and how their
+weights are drawn), shared by the parity tests: in process (tests/worker/test_family_parity.py,
+test_attention_features.py, test_recurrent_state.py) and through the real server
+(tests/e2e/test_family_serving.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
 from transformers import (
+    AutoModelForCausalLM,
     Gemma2Config,
     Gemma3TextConfig,
     GPT2Config,
@@ -15,6 +20,7 @@ from transformers import (
     MixtralConfig,
     Olmo2Config,
     Phi3Config,
+    PretrainedConfig,
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
@@ -66,5 +72,26 @@ QWEN3_NEXT = dict(
     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
 )  # fmt: skip
 HYBRID_FAMILIES = {"qwen3-next": lambda: Qwen3NextConfig(**QWEN3_NEXT)}
-# Parameters a random checkpoint keeps as initialised: norms, and the state-space decay and step bias.
-KEEP_INITIALISED = ("norm", "A_log", "dt_bias")
+# Parameters a random checkpoint keeps as initialised: norms (GPT-2's `ln_*` too), and the state-space
+# decay and step bias.
+KEEP_INITIALISED = ("norm", "ln", "A_log", "dt_bias")
+EMBEDDINGS = ("embed", "wte", "wpe")
+
+
+def random_checkpoint(
+    config: PretrainedConfig, path: Path, dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
+    """`config`'s model with weights larger than transformers' initialisation, saved at `path`:
+    logits far from ties (fp32 summation order cannot change a greedy token) and tokens that depend
+    on attention (with the initialisation, Gemma's scaled embeddings dominate and Qwen3-Next repeats
+    one token)."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if not any(part in name for part in KEEP_INITIALISED):
+                weight.normal_(0, 0.1 if any(part in name for part in EMBEDDINGS) else 0.3)
+    model.to(dtype)
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(path)
+    return model

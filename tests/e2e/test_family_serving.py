@@ -12,6 +12,7 @@ import os
 import queue
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
@@ -21,7 +22,7 @@ import torch
 import tritonclient.grpc as grpcclient
 from conftest import free_port
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedTokenizerFast
+from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
 import launcher
 from client.stream import make_inputs
@@ -49,16 +50,8 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def checkpoint(config: PretrainedConfig, path: Path) -> torch.nn.Module:
-    """Weights larger than transformers' initialisation: logits far from ties (fp32 summation order
-    cannot change a greedy token) and tokens that depend on attention."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if not any(part in name for part in (*family_helpers.KEEP_INITIALISED, "ln")):
-                weight.normal_(0, 0.1 if "embed" in name or "wte" in name or "wpe" in name else 0.3)
-    model.config.architectures = [type(model).__name__]
-    model.save_pretrained(path)
+    """The family's random checkpoint, with the byte tokenizer beside it."""
+    model = family_helpers.random_checkpoint(config, path)
     byte_tokenizer().save_pretrained(path)
     return model
 
@@ -68,9 +61,11 @@ def prompts() -> list[list[int]]:
     return [torch.randint(3, 256, (n,), generator=gen).tolist() for n in (21, 12, 30)]
 
 
+@dataclass
 class Families:
-    def __init__(self, url: str, engines: dict[str, str], references: dict[str, list[list[int]]]) -> None:
-        self.url, self.engines, self.references = url, engines, references
+    url: str  # the server's gRPC address
+    engines: dict[str, str]  # family -> its engine's Triton name
+    references: dict[str, list[list[int]]]  # family -> generate's tokens for each prompt
 
 
 @pytest.fixture(scope="module")

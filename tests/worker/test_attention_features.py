@@ -16,7 +16,6 @@ import torch
 from engine_helpers import fp32_runner, request, run_all
 from test_attention_backends import BLOCK, CPU, DIM, HEADS, KV_HEADS, Layer, step
 from test_bfloat16 import NEAR_TIE
-from transformers import AutoModelForCausalLM
 from transformers.models.gemma2 import modeling_gemma2
 from transformers.models.gpt_oss import modeling_gpt_oss
 
@@ -35,18 +34,7 @@ PREFIX = 16
 
 
 def checkpoint(family: str, path: Path, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, Path]:
-    """A random checkpoint whose tokens depend on attention: with transformers' initialisation, Gemma's
-    scaled embeddings dominate and it repeats one token whatever the window."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(FAMILIES[family])).eval()
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if "norm" not in name:
-                weight.normal_(0, 0.1 if "embed" in name else 0.3)
-    model.to(dtype)
-    model.config.architectures = [type(model).__name__]
-    model.save_pretrained(path)
-    return model, path
+    return family_helpers.random_checkpoint(copy.deepcopy(FAMILIES[family]), path, dtype), path
 
 
 def prompts() -> list[list[int]]:

@@ -7,13 +7,10 @@ preemption, and k-token steps."""
 
 from __future__ import annotations
 
-import copy
-
 import family_helpers
 import pytest
 import torch
 from engine_helpers import fp32_runner, request, run_all
-from transformers import AutoModelForCausalLM
 
 from tritonlm.sampling.params import SamplingParams
 from tritonlm.worker import cpu_kernels
@@ -26,17 +23,7 @@ PREFIX = 16  # the last two prompts share the first's first 16 tokens: a prefix-
 
 
 def checkpoint(family: str, path):
-    """Weights larger than transformers' initialisation: logits far from ties, so fp32 summation
-    order cannot change a greedy token."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(FAMILIES[family]())).eval()
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if "norm" not in name and "ln" not in name:
-                weight.normal_(0, 0.1 if "embed" in name or "wte" in name or "wpe" in name else 0.3)
-    model.config.architectures = [type(model).__name__]
-    model.save_pretrained(path)
-    return model
+    return family_helpers.random_checkpoint(FAMILIES[family](), path)
 
 
 def prompts() -> list[list[int]]:

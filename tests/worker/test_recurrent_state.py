@@ -16,7 +16,7 @@ import pytest
 import torch
 from engine_helpers import fp32_runner, generate_beams, request, run_all, sequence
 from test_bfloat16 import NEAR_TIE
-from transformers import AutoModelForCausalLM, Qwen3NextConfig
+from transformers import Qwen3NextConfig
 
 from tritonlm.config import ConfigError, EngineConfig
 from tritonlm.engine.block_manager import BlockManager
@@ -44,18 +44,8 @@ def one_thread():
 
 
 def checkpoint(path: Path, dtype: torch.dtype = torch.float32) -> tuple[torch.nn.Module, Path]:
-    """Layer 0 linear attention, layer 1 full attention; weights large enough that the tokens depend
-    on both (transformers' initialisation repeats a token)."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(Qwen3NextConfig(**CONFIG)).eval()
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if not any(part in name for part in family_helpers.KEEP_INITIALISED):
-                weight.normal_(0, 0.1 if "embed" in name else 0.3)
-    model.to(dtype)
-    model.config.architectures = [type(model).__name__]
-    model.save_pretrained(path)
-    return model, path
+    """Layer 0 linear attention, layer 1 full attention (family_helpers' Qwen3-Next)."""
+    return family_helpers.random_checkpoint(Qwen3NextConfig(**CONFIG), path, dtype), path
 
 
 @pytest.fixture(scope="module")

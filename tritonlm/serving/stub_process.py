@@ -70,9 +70,8 @@ def without_torch() -> None:
     340 MB of a tokenizer stub's 460 MB of RSS (docs/benchmarks.md, "Memory after the tokenizer
     stubs shed torch"). With torch absent it loads tokenizers, configurations and chat templates
     only, and picks the same tokenizer class: that choice never depends on torch
-    (tests/serving/test_without_torch.py). A `None` entry in
-    `sys.modules` makes `import torch` fail and `importlib.util.find_spec("torch")` (transformers'
-    availability check) answer None.
+    (tests/serving/test_without_torch.py). A `None` entry in `sys.modules` makes `import torch`
+    fail and `importlib.util.find_spec("torch")` (transformers' availability check) answer None.
     """
     if sys.modules.get("torch") is not None:
         logging.getLogger(__name__).warning("torch is loaded already: it stays")
